@@ -1,0 +1,1 @@
+"""Target model side of sgl-dflash: pure JAX models over a paged KV cache."""

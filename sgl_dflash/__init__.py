@@ -1,0 +1,1 @@
+"""sgl-dflash runtime: scheduler, DFLASH worker, Engine, server, SGLang plugin."""
