@@ -1,0 +1,257 @@
+"""Continuous-batching scheduler: one job — decide which requests run each step.
+
+Each `step()` is either a prefill of newly admitted requests or one decode step for every running
+request (prefill first, like nano-vllm / SGLang without mixed chunks). Requests join and leave
+between steps. The KV page budget is enforced here:
+- a waiting request is admitted only when its prompt plus one decode step fits in free pages
+  (with a little headroom for the running requests to grow);
+- before a decode step every running request gets pages for `committed_len + tokens_per_step`;
+  when that fails the newest running request is retracted: its pages and drafter state are freed
+  and it goes back to the front of the queue with its generated tokens kept, to be recomputed by a
+  later prefill. A single request always fits (its length is clipped at admission), so this ends.
+A request that raises while being run is finished with an error; the others carry on.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+from sgl_dflash.sampling_params import InvalidRequestError
+from sgl_dflash.schedule_batch import ContextLengthError, Req
+from sgl_dflash.server_args import ServerArgs
+from sgl_dflash.spec_algorithm import SpeculativeAlgorithm
+from sgl_dflash.tokenizer_utils import detokenize, eos_token_ids, get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs):
+        self.server_args = server_args.check()
+        self.algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+        self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
+            server_args.resolved_tokenizer_path
+        )
+        self.eos_token_ids = eos_token_ids(server_args.model_path, self.tokenizer)
+        self.worker = self.algorithm.create_worker(server_args)
+        self.allocator = self.worker.allocator
+        self.total_pages = self.allocator.num_free_pages
+        # Longest sequence one request may reach: fits the context and, alone, the KV pool
+        # (a decode step writes `tokens_per_step` slots past the committed length).
+        capacity = self.total_pages * server_args.page_size - self.worker.tokens_per_step + 1
+        self.max_req_len = min(server_args.context_length, capacity)
+
+        self.waiting: collections.deque[Req] = collections.deque()
+        self.running: list[Req] = []
+        self._finished_outside_step: list[Req] = []  # aborted between steps, reported by step()
+        # Slot = the sequence id of a running request in the KV allocator and drafter state.
+        self._free_slots = list(range(server_args.max_running_requests))[::-1]
+        self._lock = threading.RLock()
+        self.stats = collections.Counter()
+
+    # -- requests in and out --------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        """Queue a request; raises `InvalidRequestError` (a ValueError) for one we cannot run."""
+        self.validate_request(req)
+        with self._lock:
+            if any(r.rid == req.rid for r in self._all_requests()):
+                raise InvalidRequestError(f"request id {req.rid!r} is already in use")
+            self.stats["num_requests"] += 1
+            self.stats["prompt_tokens"] += len(req.input_ids)
+            if req.sampling_params.max_new_tokens == 0:
+                req.finish({"type": "length", "length": 0})
+                self._finished_outside_step.append(req)
+            else:
+                self.waiting.append(req)
+
+    def validate_request(self, req: Req) -> None:
+        req.sampling_params.verify(self.worker.vocab_size)
+        ids = req.input_ids
+        if not ids:
+            raise InvalidRequestError("the prompt is empty (no input tokens)")
+        vocab = self.worker.vocab_size
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"input_ids contain invalid token ids {bad[:5]} (vocab size {vocab})")
+        if len(ids) >= self.max_req_len:
+            raise ContextLengthError(
+                f"the input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.max_req_len} tokens)"
+            )
+        # Like SGLang: clip max_new_tokens to what the context can still hold.
+        room = self.max_req_len - len(ids)
+        if req.sampling_params.max_new_tokens > room:
+            req.sampling_params.max_new_tokens = room
+
+    def abort_request(self, rid: str) -> bool:
+        """Finish request `rid` now (pages freed at once). False when it is unknown or done."""
+        with self._lock:
+            for req in list(self.waiting):
+                if req.rid == rid:
+                    self.waiting.remove(req)
+                    break
+            else:
+                req = next((r for r in self.running if r.rid == rid), None)
+                if req is None:
+                    return False
+                self._release(req)
+                self.running.remove(req)
+            req.abort("aborted by the client", status_code=499)
+            self.stats["num_finished"] += 1
+            self._finished_outside_step.append(req)
+            return True
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self.waiting or self.running or self._finished_outside_step)
+
+    # -- one scheduling step --------------------------------------------------------------
+    def step(self) -> list[Req]:
+        """Run one prefill or decode step; returns the requests that got tokens or finished."""
+        with self._lock:
+            progressed, self._finished_outside_step = self._finished_outside_step, []
+            batch = self._admit()
+            if batch:
+                self._run("prefill", batch)
+            else:
+                batch = self._reserve_decode_pages()
+                if batch:
+                    self._run("decode", batch)
+                    self.stats["decode_steps"] += 1
+            for req in batch:
+                if req.finished:
+                    self._finish(req)
+            return progressed + [r for r in batch if r not in progressed]
+
+    def _admit(self) -> list[Req]:
+        admitted: list[Req] = []
+        prefill_tokens = 0
+        growth = math.ceil(self.worker.tokens_per_step / self.server_args.page_size)
+        while self.waiting and self._free_slots:
+            req = self.waiting[0]
+            num_tokens = len(req.input_ids) + max(0, len(req.output_ids) - 1)
+            if admitted and prefill_tokens + num_tokens > self.server_args.max_prefill_tokens:
+                break
+            slot = self._free_slots[-1]
+            need = self.allocator.pages_needed(slot, num_tokens + self.worker.tokens_per_step)
+            headroom = growth * (len(self.running) + len(admitted))
+            if need + headroom > self.allocator.num_free_pages:
+                break
+            self.waiting.popleft()
+            req.slot = self._free_slots.pop()
+            self.allocator.allocate(slot, num_tokens + self.worker.tokens_per_step)
+            admitted.append(req)
+            prefill_tokens += num_tokens
+        self.running += admitted
+        return admitted
+
+    def _reserve_decode_pages(self) -> list[Req]:
+        """Pages for one decode step of every running request, retracting the newest if short."""
+        for req in list(self.running):
+            if req not in self.running:  # retracted below while serving an older request
+                continue
+            need = req.committed_len + self.worker.tokens_per_step
+            while self.allocator.pages_needed(req.slot, need) > self.allocator.num_free_pages:
+                victim = self.running[-1]
+                self._retract(victim)
+                if victim is req:
+                    break
+            else:
+                self.allocator.allocate(req.slot, need)
+        return list(self.running)
+
+    def _retract(self, req: Req) -> None:
+        logger.info("retracting %s (KV pages short): it will be recomputed", req.rid)
+        self._release(req)
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+        req.num_retractions += 1
+        self.stats["num_retractions"] += 1
+
+    def _run(self, phase: str, batch: list[Req]) -> None:
+        """Run a batch; if it raises, run its requests one by one so only the culprit fails."""
+        run = getattr(self.worker, phase)
+        try:
+            run(batch, self._append)
+        except Exception as e:
+            if len(batch) == 1:
+                logger.exception("%s failed for request %s", phase, batch[0].rid)
+                batch[0].abort(f"internal error during {phase}: {type(e).__name__}: {e}")
+                return
+            logger.warning("%s of %d requests failed (%s); isolating the failure", phase, len(batch), e)
+            for req in batch:
+                if not req.finished:
+                    self._run(phase, [req])
+
+    def _append(self, req: Req, tokens: list[int]) -> int:
+        """Workers hand new tokens here; stop rules cut them. Errors finish only this request."""
+        try:
+            before = len(req.output_ids)
+            detok = None
+            if self.tokenizer is not None:
+                detok = lambda ids: detokenize(self.tokenizer, ids)  # noqa: E731
+            kept = req.append_tokens(tokens, self.eos_token_ids, detok)
+            self.stats["generated_tokens"] += len(req.output_ids) - before
+            return kept
+        except Exception as e:
+            logger.exception("post-processing failed for request %s", req.rid)
+            req.abort(f"internal error while processing output: {type(e).__name__}: {e}")
+            return 0
+
+    def _finish(self, req: Req) -> None:
+        if req in self.running:
+            self._release(req)
+            self.running.remove(req)
+        self.stats["num_finished"] += 1
+        if req.spec_verify_ct:
+            self.stats["spec_completion_tokens"] += len(req.output_ids)
+            self.stats["spec_verify_ct"] += req.spec_verify_ct
+            self.stats["spec_num_proposed_drafts"] += req.spec_num_proposed_drafts
+            self.stats["spec_num_correct_drafts"] += req.spec_num_correct_drafts
+
+    def _release(self, req: Req) -> None:
+        if req.slot is not None:
+            self.worker.release(req.slot)
+            self._free_slots.append(req.slot)
+            req.slot = None
+
+    def _all_requests(self) -> list[Req]:
+        return list(self.waiting) + self.running
+
+    # -- introspection --------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        """No prefix cache is kept, so there is nothing to drop; like SGLang, only when idle."""
+        with self._lock:
+            return not (self.waiting or self.running)
+
+    def get_stats(self) -> dict[str, Any]:
+        with self._lock:
+            s = self.stats
+            stats = {
+                "num_running": len(self.running),
+                "num_waiting": len(self.waiting),
+                "num_free_pages": self.allocator.num_free_pages,
+                "total_pages": self.total_pages,
+                "token_usage": 1.0 - self.allocator.num_free_pages / self.total_pages,
+                "num_requests": s["num_requests"],
+                "num_finished": s["num_finished"],
+                "num_retractions": s["num_retractions"],
+                "prompt_tokens": s["prompt_tokens"],
+                "generated_tokens": s["generated_tokens"],
+                "decode_steps": s["decode_steps"],
+                "speculative_algorithm": self.algorithm.name,
+                "avg_spec_accept_length": (
+                    s["spec_completion_tokens"] / s["spec_verify_ct"] if s["spec_verify_ct"] else None
+                ),
+                "spec_accept_rate": (
+                    s["spec_num_correct_drafts"] / s["spec_num_proposed_drafts"]
+                    if s["spec_num_proposed_drafts"] else None
+                ),
+                "timestamp": time.time(),
+            }
+            return stats

@@ -1,0 +1,161 @@
+"""Server/engine arguments with SGLang's names and command-line flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Any
+
+
+class ServerArgsError(ValueError):
+    """An invalid argument or combination of arguments; the message names the flag."""
+
+
+DTYPES = ("auto", "float32", "bfloat16")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    model_path: str
+    tokenizer_path: str | None = None
+    skip_tokenizer_init: bool = False
+    served_model_name: str | None = None
+    dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on accelerators
+    page_size: int = 16
+    max_total_tokens: int = 8192  # KV cache capacity in tokens (the page budget)
+    max_running_requests: int = 32
+    max_prefill_tokens: int = 8192  # prompt tokens per prefill step
+    context_length: int | None = None  # default: the target's max_position_embeddings
+    speculative_algorithm: str | None = None  # None / "NONE" / "DFLASH"
+    speculative_draft_model_path: str | None = None
+    speculative_num_draft_tokens: int | None = None  # DFLASH block size; default: the drafter's
+    random_seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.speculative_algorithm is not None:
+            self.speculative_algorithm = str(self.speculative_algorithm).upper()
+        if self.model_path is not None:
+            self.model_path = os.fspath(self.model_path)
+        if self.speculative_draft_model_path is not None:
+            self.speculative_draft_model_path = os.fspath(self.speculative_draft_model_path)
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def resolved_tokenizer_path(self) -> str:
+        return self.tokenizer_path or self.model_path
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        import jax
+
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+    def target_config(self) -> dict[str, Any]:
+        return read_model_config(self.model_path, "--model-path")
+
+    # -- validation -----------------------------------------------------------------------
+    def check(self) -> "ServerArgs":
+        """Refuse invalid values and combinations; fills `context_length` and algorithm defaults."""
+        from sgl_dflash.spec_algorithm import SpeculativeAlgorithm
+
+        target = self.target_config()
+        if self.tokenizer_path is not None and not os.path.isdir(self.tokenizer_path):
+            raise ServerArgsError(f"--tokenizer-path {self.tokenizer_path!r} is not a directory")
+        if self.dtype not in DTYPES:
+            raise ServerArgsError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ServerArgsError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        _require_int(self.page_size, "--page-size", minimum=1)
+        _require_int(self.max_total_tokens, "--max-total-tokens", minimum=self.page_size)
+        _require_int(self.max_running_requests, "--max-running-requests", minimum=1)
+        _require_int(self.max_prefill_tokens, "--max-prefill-tokens", minimum=1)
+        _require_int(self.random_seed, "--random-seed", minimum=0)
+        _require_int(self.port, "--port", minimum=0)
+        max_positions = int(target.get("max_position_embeddings") or 0)
+        if self.context_length is None:
+            self.context_length = max_positions or self.max_total_tokens
+        _require_int(self.context_length, "--context-length", minimum=2)
+        if max_positions and self.context_length > max_positions:
+            raise ServerArgsError(
+                f"--context-length {self.context_length} exceeds the target's "
+                f"max_position_embeddings {max_positions}"
+            )
+
+        algorithm = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
+        self.speculative_algorithm = None if algorithm.is_none() else algorithm.name
+        if algorithm.is_none():
+            if self.speculative_draft_model_path is not None:
+                raise ServerArgsError(
+                    "--speculative-draft-model-path was given but --speculative-algorithm is NONE; "
+                    "pass --speculative-algorithm DFLASH to use the drafter"
+                )
+            if self.speculative_num_draft_tokens is not None:
+                raise ServerArgsError(
+                    "--speculative-num-draft-tokens was given but --speculative-algorithm is NONE"
+                )
+        if algorithm.validate_server_args is not None:
+            algorithm.validate_server_args(self)
+        return self
+
+    # -- command line ---------------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = ServerArgs.__dataclass_fields__
+        add = parser.add_argument
+        add("--model-path", "--model", dest="model_path", required=True,
+            help="target model directory (HF config.json + safetensors)")
+        add("--tokenizer-path", default=None, help="tokenizer directory (default: --model-path)")
+        add("--skip-tokenizer-init", action="store_true",
+            help="take and return token ids only; no tokenizer is loaded")
+        add("--served-model-name", default=None, help="model name reported by the API")
+        add("--dtype", default=d["dtype"].default, choices=DTYPES)
+        add("--page-size", type=int, default=d["page_size"].default)
+        add("--max-total-tokens", type=int, default=d["max_total_tokens"].default,
+            help="KV cache capacity in tokens")
+        add("--max-running-requests", type=int, default=d["max_running_requests"].default)
+        add("--max-prefill-tokens", type=int, default=d["max_prefill_tokens"].default)
+        add("--context-length", type=int, default=None)
+        add("--speculative-algorithm", default=None, help="NONE or DFLASH (or a plugin's name)")
+        add("--speculative-draft-model-path", "--speculative-draft-model", default=None,
+            dest="speculative_draft_model_path")
+        add("--speculative-num-draft-tokens", "--speculative-dflash-block-size", type=int,
+            default=None, dest="speculative_num_draft_tokens",
+            help="DFLASH block size (default: the drafter's block_size)")
+        add("--random-seed", type=int, default=d["random_seed"].default)
+        add("--host", default=d["host"].default)
+        add("--port", type=int, default=d["port"].default)
+        add("--api-key", default=None)
+        add("--log-level", default=d["log_level"].default, choices=LOG_LEVELS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def read_model_config(model_dir: str | None, flag: str) -> dict[str, Any]:
+    """config.json of a model directory, with an error naming the flag when it is missing."""
+    if not model_dir:
+        raise ServerArgsError(f"{flag} is required")
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ServerArgsError(f"{flag} {model_dir!r}: no config.json there")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ServerArgsError(f"{flag} {model_dir!r}: config.json is not valid JSON ({e})") from None
+
+
+def _require_int(value: Any, flag: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ServerArgsError(f"{flag} must be an integer >= {minimum}, got {value!r}")
