@@ -1,1 +1,14 @@
 """The DFlash drafter: one PyTorch module, run eagerly or lowered to JAX through torchax."""
+
+from .config import DFlashConfig, DraftCheckpointError, default_target_layer_ids
+from .loader import load_draft_model, read_draft_config
+from .model import DFlashDraftModel
+
+__all__ = [
+    "DFlashConfig",
+    "DFlashDraftModel",
+    "DraftCheckpointError",
+    "default_target_layer_ids",
+    "load_draft_model",
+    "read_draft_config",
+]

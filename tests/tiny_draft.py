@@ -1,0 +1,116 @@
+"""Writes tiny random DFlash drafter checkpoints in z-lab's format, for tests.
+
+The tensor names and shapes are spelled out here from z-lab's format (not taken from our module),
+so loading them checks our naming independently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+DFLASH_KEYS = ("mask_token_id", "target_layer_ids", "block_size")
+
+
+def _target_dict(target_dir_or_config: Any) -> dict[str, Any]:
+    if isinstance(target_dir_or_config, (str, Path)):
+        return json.loads((Path(target_dir_or_config) / "config.json").read_text())
+    if isinstance(target_dir_or_config, dict):
+        return dict(target_dir_or_config)
+    return target_dir_or_config.to_dict()  # a transformers config object
+
+
+def _rope_theta(target: dict[str, Any]) -> float:
+    rope = target.get("rope_parameters") or {}
+    return float(rope.get("rope_theta", target.get("rope_theta", 10000.0)))
+
+
+def make_tiny_draft(
+    path: str | Path,
+    target_dir_or_config: Any,
+    *,
+    num_layers: int = 1,
+    block_size: int = 8,
+    target_layer_ids: list[int] | None = None,
+    seed: int = 0,
+    **overrides: Any,
+) -> Path:
+    """Writes config.json + model.safetensors of a random drafter that fits the given target.
+
+    `target_dir_or_config`: a target checkpoint directory, its config dict, or a transformers config.
+    `target_layer_ids=None` leaves them out of the config (z-lab's default rule then applies).
+    `overrides`: config keys; `mask_token_id` goes to `dflash_config`, others to the top level;
+    a value of None removes the key.
+    """
+    target = _target_dict(target_dir_or_config)
+    hidden = target["hidden_size"]
+    heads = target["num_attention_heads"]
+    config: dict[str, Any] = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": target.get("num_key_value_heads") or heads,
+        "head_dim": target.get("head_dim") or hidden // heads,
+        "intermediate_size": target["intermediate_size"],
+        "vocab_size": target["vocab_size"],
+        "rms_norm_eps": target.get("rms_norm_eps", 1e-6),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rope_theta": _rope_theta(target),
+        "max_position_embeddings": target.get("max_position_embeddings", 4096),
+        "num_target_layers": target["num_hidden_layers"],
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+        "dflash_config": {"mask_token_id": target["vocab_size"] - 1, "block_size": block_size},
+    }
+    if target_layer_ids is not None:
+        config["dflash_config"]["target_layer_ids"] = list(target_layer_ids)
+    for key, value in overrides.items():
+        where = config["dflash_config"] if key in DFLASH_KEYS else config
+        if value is None:
+            where.pop(key, None)
+        else:
+            where[key] = value
+
+    # Without explicit ids, z-lab's default rule picks one target layer per draft layer.
+    num_ids = len(config["dflash_config"].get("target_layer_ids", [None] * num_layers))
+    head_dim, kv_heads = config["head_dim"], config["num_key_value_heads"]
+    q_heads, inter = config["num_attention_heads"], config["intermediate_size"]
+    shapes = {"fc.weight": (hidden, num_ids * hidden), "hidden_norm.weight": (hidden,), "norm.weight": (hidden,)}
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q_heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q_heads * head_dim),
+            p + "self_attn.q_norm.weight": (head_dim,),
+            p + "self_attn.k_norm.weight": (head_dim,),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        })
+
+    # Scaled so activations stay O(1) through the layers: drafts then depend on the inputs and
+    # differ from token to token, which is what the exactness tests need.
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            tensors[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        else:
+            tensors[name] = torch.randn(shape, generator=gen) / shape[1] ** 0.5
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path

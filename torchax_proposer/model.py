@@ -1,0 +1,252 @@
+"""`DFlashDraftModel`: the DFlash drafter as a plain PyTorch module with z-lab parameter names.
+
+Written with ordinary torch ops only, so the same module runs in torch eager (any device) and,
+through torchax, inside a jitted JAX function (params passed as a pytree).
+
+How a draft is computed (one block of B tokens per sequence):
+  ctx   = hidden_norm(fc(context features))           the target's hidden states, projected once
+  each layer: queries come from the block only; keys/values are
+        [past context K/V ‖ K/V of the new context rows ‖ K/V of the block]
+  ("KV injection": every layer projects the same `ctx` with its own k_proj / v_proj.)
+Full-attention layers are non-causal: every block token sees the whole context and the whole
+block. The context K/V of a row never changes once computed, so callers keep them in a cache and
+only pass the rows that are new since the last call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.activations import ACT2FN
+
+from .config import DFlashConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [batch, length, kv_heads, head_dim]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the model dtype (as Qwen3 does), scale in the model dtype.
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [batch, length, heads, head_dim]; cos/sin [batch, length, head_dim]."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return x * cos + rotate_half(x) * sin
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Roped, normed keys and values of x [batch, length, hidden]."""
+        batch, length, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
+        return apply_rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context_kv: KV,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim))
+        q = apply_rope(q, cos, sin)
+        k, v = self.key_value(x, cos, sin)
+        keys = torch.cat([context_kv[0], k], dim=1)
+        values = torch.cat([context_kv[1], v], dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=mask,
+            scale=self.head_dim**-0.5,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DFlashAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DFlashMLP(config)
+
+    def forward(self, h, cos, sin, context_kv: KV, mask: torch.Tensor | None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, context_kv, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraftModel(nn.Module):
+    """Parameter names match z-lab checkpoints: `fc`, `hidden_norm`, `norm`, `layers.{i}.*`."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(config.num_context_features, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.reset_rope()
+
+    def reset_rope(self) -> None:
+        """(Re)computes the RoPE frequencies buffer (not part of checkpoints) on the CPU."""
+        inv_freq, self.rope_scaling = self.config.rope_inv_freq()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.config.target_layer_ids)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [batch, length, head_dim] for integer positions [batch, length]."""
+        freqs = positions[..., None].to(torch.float32) * self.inv_freq.to(torch.float32)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos = angles.cos() * self.rope_scaling
+        sin = angles.sin() * self.rope_scaling
+        return cos.to(dtype), sin.to(dtype)
+
+    def embed_block(self, block_ids: torch.Tensor, target_embed: torch.Tensor) -> torch.Tensor:
+        """The block's input: the TARGET's embedding of [bonus, MASK, ...] times the configured scale."""
+        return F.embedding(block_ids, target_embed) * self.config.input_embedding_scale
+
+    def compute_logits(self, hidden: torch.Tensor, target_lm_head: torch.Tensor) -> torch.Tensor:
+        """Draft logits through the TARGET's lm_head [V, H], with the configured multiplier/softcap."""
+        logits = F.linear(hidden, target_lm_head) * self.config.output_multiplier
+        softcap = self.config.final_logit_softcapping
+        if softcap is not None and softcap > 0:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+    def forward(
+        self,
+        context_features: torch.Tensor,
+        context_positions: torch.Tensor,
+        noise_embedding: torch.Tensor | None = None,
+        block_positions: torch.Tensor | None = None,
+        past_kv: list[KV] | None = None,
+        key_valid: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, list[KV]]:
+        """One drafter pass.
+
+        context_features  [n, C, n_aux*H]  target hidden states of the C context rows new since
+                                            `past_kv` (may be padding, see `key_valid`)
+        context_positions [n, C]            their positions
+        noise_embedding   [n, B, H]         embedded block (see `embed_block`); None = only
+                                            project the new context rows (no block pass)
+        block_positions   [n, B]            positions of the block tokens
+        past_kv           per layer (K, V) [n, T, kv_heads, head_dim] of context positions 0..T-1
+        key_valid         [n, T + C] bool  which past/new context rows exist (None = all)
+
+        Returns (final-normed hidden states [n, B, H] or None, per layer (K, V) of the new rows).
+        """
+        ctx = self.hidden_norm(self.fc(context_features))
+        ctx_cos, ctx_sin = self.rope(context_positions, ctx.dtype)
+        new_kv = [layer.self_attn.key_value(ctx, ctx_cos, ctx_sin) for layer in self.layers]
+        if noise_embedding is None:
+            return None, new_kv
+
+        if past_kv is not None:
+            context_kv = [(torch.cat([pk, nk], 1), torch.cat([pv, nv], 1)) for (pk, pv), (nk, nv) in zip(past_kv, new_kv)]
+        else:
+            context_kv = new_kv
+        num_past = 0 if past_kv is None else past_kv[0][0].shape[1]
+        masks = _LayerMasks(context_positions, block_positions, num_past, key_valid)
+
+        h = noise_embedding
+        cos, sin = self.rope(block_positions, h.dtype)
+        for layer, kv, attention in zip(self.layers, context_kv, self.config.layer_attention):
+            h = layer(h, cos, sin, kv, masks.get(*attention))
+        return self.norm(h), new_kv
+
+
+class _LayerMasks:
+    """Attention masks [n, 1, B, keys] per (is_causal, sliding_window) kind, built once per pass.
+
+    Keys are [past (positions 0..T-1) ‖ new context ‖ block]. A full non-causal layer with every
+    key valid gets no mask at all (the common case, and exactly the reference's computation).
+    """
+
+    def __init__(self, context_positions, block_positions, num_past, key_valid):
+        batch = block_positions.shape[0]
+        past_positions = torch.arange(num_past, device=block_positions.device, dtype=block_positions.dtype)
+        self.key_positions = torch.cat(
+            [past_positions.expand(batch, num_past), context_positions.to(block_positions.dtype), block_positions], 1
+        )
+        self.query_positions = block_positions
+        self.valid = None
+        if key_valid is not None:
+            block_valid = torch.ones_like(block_positions, dtype=torch.bool)
+            self.valid = torch.cat([key_valid, block_valid], 1)[:, None, None, :]
+        self.cache: dict[tuple[bool, int | None], torch.Tensor | None] = {}
+
+    def get(self, causal: bool, window: int | None) -> torch.Tensor | None:
+        kind = (causal, window)
+        if kind not in self.cache:
+            self.cache[kind] = self._build(causal, window)
+        return self.cache[kind]
+
+    def _build(self, causal: bool, window: int | None) -> torch.Tensor | None:
+        if not causal and window is None:
+            return self.valid
+        query = self.query_positions[:, None, :, None]
+        key = self.key_positions[:, None, None, :]
+        visible = torch.ones_like(query == key)
+        if causal:
+            visible = visible & (key <= query)
+        if window is not None:
+            visible = visible & (query - key < window)
+            if not causal:
+                visible = visible & (key - query < window)
+        return visible if self.valid is None else visible & self.valid
