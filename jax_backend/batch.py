@@ -1,0 +1,143 @@
+"""Host-side packing of ragged sequences into one bucketed device batch.
+
+Every shape is padded to a power of two (tokens, sequences, logit rows, the longest query block)
+and the page table width is fixed, so a steady decode loop reuses one compiled forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import numpy as np
+
+
+class BatchError(ValueError):
+    """A SeqInput that cannot be run as given (the message names the sequence and the field)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqInput:
+    """Run `token_ids` at positions `start_pos ..` for one sequence whose cache already holds
+    `start_pos` tokens in the pages of `page_table` (which must cover start_pos + len(token_ids)).
+    `logits`: "last" -> one row (the last token), "all" -> one row per token."""
+
+    token_ids: Sequence[int]
+    start_pos: int
+    page_table: Sequence[int]
+    logits: Literal["last", "all"] = "last"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Device arrays for one forward. T, S, R are power-of-two buckets."""
+
+    tokens: jax.Array  # i32[T]
+    positions: jax.Array  # i32[T]
+    slot_mapping: jax.Array  # i32[T]: page * page_size + offset; padding -> scratch page 0
+    kv_lens: jax.Array  # i32[S]: cached tokens after this step
+    page_indices: jax.Array  # i32[S, pages_per_seq]; unused entries -> page 0
+    cu_q_lens: jax.Array  # i32[S + 1]
+    num_seqs: jax.Array  # i32[1]
+    logits_indices: jax.Array  # i32[R]: token rows whose logits are wanted
+    max_q_len: int = dataclasses.field(metadata=dict(static=True))  # bucketed longest q_len
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """Where each sequence landed: token rows [token_start, token_start + q_len) and logit rows
+    [logit_start, logit_start + num_logits)."""
+
+    token_starts: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    logit_starts: tuple[int, ...]
+    num_logits: tuple[int, ...]
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(n, minimum, 1)
+    return 1 << (n - 1).bit_length()
+
+
+def build_batch(
+    seqs: Sequence[SeqInput],
+    *,
+    page_size: int,
+    pages_per_seq: int,
+    min_tokens: int = 1,
+    min_seqs: int = 1,
+) -> tuple[Batch, BatchLayout]:
+    """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`."""
+    if not seqs:
+        raise BatchError("build_batch needs at least one sequence")
+    for i, seq in enumerate(seqs):
+        _check(i, seq, page_size, pages_per_seq)
+
+    q_lens = [len(s.token_ids) for s in seqs]
+    n_logits = [1 if s.logits == "last" else len(s.token_ids) for s in seqs]
+    num_tokens = bucket(sum(q_lens), min_tokens)
+    max_seqs = bucket(len(seqs), min_seqs)
+    num_rows = bucket(sum(n_logits))
+    max_q_len = min(bucket(max(q_lens)), num_tokens)
+
+    tokens = np.zeros(num_tokens, np.int32)
+    positions = np.zeros(num_tokens, np.int32)
+    slots = np.zeros(num_tokens, np.int32)  # padding writes to scratch page 0
+    kv_lens = np.zeros(max_seqs, np.int32)
+    page_indices = np.zeros((max_seqs, pages_per_seq), np.int32)
+    cu_q_lens = np.zeros(max_seqs + 1, np.int32)
+    logits_indices = np.zeros(num_rows, np.int32)
+
+    token_starts, logit_starts = [], []
+    t = r = 0
+    for i, seq in enumerate(seqs):
+        q, table = q_lens[i], np.asarray(seq.page_table, np.int32)
+        pos = np.arange(seq.start_pos, seq.start_pos + q, dtype=np.int32)
+        tokens[t : t + q] = seq.token_ids
+        positions[t : t + q] = pos
+        slots[t : t + q] = table[pos // page_size] * page_size + pos % page_size
+        kv_lens[i] = seq.start_pos + q
+        page_indices[i, : len(table)] = table
+        cu_q_lens[i + 1] = t + q
+        logits_indices[r : r + n_logits[i]] = np.arange(t + q - n_logits[i], t + q)
+        token_starts.append(t)
+        logit_starts.append(r)
+        t, r = t + q, r + n_logits[i]
+    cu_q_lens[len(seqs) + 1 :] = t  # padding sequences are empty
+
+    batch = Batch(
+        *jax.device_put(
+            (tokens, positions, slots, kv_lens, page_indices, cu_q_lens, np.array([len(seqs)], np.int32), logits_indices)
+        ),
+        max_q_len=max_q_len,
+    )
+    layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
+    return batch, layout
+
+
+def _check(i: int, seq: SeqInput, page_size: int, pages_per_seq: int) -> None:
+    where = f"sequence {i}"
+    if len(seq.token_ids) == 0:
+        raise BatchError(f"{where}: token_ids is empty")
+    if seq.start_pos < 0:
+        raise BatchError(f"{where}: start_pos must be >= 0, got {seq.start_pos}")
+    if seq.logits not in ("last", "all"):
+        raise BatchError(f"{where}: logits must be 'last' or 'all', got {seq.logits!r}")
+    total = seq.start_pos + len(seq.token_ids)
+    need = -(-total // page_size)
+    if len(seq.page_table) < need:
+        raise BatchError(
+            f"{where}: page_table has {len(seq.page_table)} pages, {total} tokens need {need} "
+            f"(page_size {page_size}); allocate them first"
+        )
+    if len(seq.page_table) > pages_per_seq:
+        raise BatchError(
+            f"{where}: page_table has {len(seq.page_table)} pages, more than pages_per_seq "
+            f"{pages_per_seq} (max_model_len too small?)"
+        )
+    if 0 in seq.page_table[:need]:
+        raise BatchError(f"{where}: page_table uses page 0, which is reserved as scratch")

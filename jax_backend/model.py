@@ -1,0 +1,142 @@
+"""Llama / Qwen3 decoder as pure functions over the params pytree and a paged KV pool.
+
+Numerics follow transformers' eager implementation: RMSNorm in float32 cast back to the
+activation dtype before the weight multiply, RoPE with the rotate_half convention and cos/sin
+computed in float32, attention softmax in float32. Layers run under one `lax.scan` over the
+stacked layer params, so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_backend.batch import Batch
+from jax_backend.config import TargetConfig
+from jax_backend.paged_attention import interleave_kv, ragged_paged_attention, write_kv
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def rope_inv_freq(config: TargetConfig) -> np.ndarray:
+    """Inverse RoPE frequencies [head_dim // 2] (float32), with optional linear/llama3 scaling."""
+    dim = config.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return (inv_freq / np.float32(scaling.factor)).astype(np.float32)
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate in between.
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(config: TargetConfig, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [T, head_dim] for integer positions [T]."""
+    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(config))[None, :]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [T, heads, D]; HF convention: x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def forward(
+    params: dict,
+    config: TargetConfig,
+    kv_pool: jax.Array,
+    batch: Batch,
+    aux_layer_ids: tuple[int, ...] = (),
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One packed ragged forward. `config` and `aux_layer_ids` are static (close over them or
+    mark them static when jitting).
+
+    kv_pool: [num_layers, num_pages, page_size, 2*Hkv, D] (K even / V odd on axis 3).
+    Returns (logits [R, V] float32 for rows `batch.logits_indices`,
+             aux [T, len(aux_layer_ids) * H] = concat of the OUTPUT of each layer l in
+             `aux_layer_ids` (the residual stream after layer l, before any final norm; equal to
+             transformers' hidden_states[l + 1] for l < num_layers - 1, while for
+             l = num_layers - 1 transformers reports the final-normed states instead),
+             new kv_pool).
+    """
+    num_layers, num_pages, page_size, num_combined, head_dim = kv_pool.shape
+    num_tokens = batch.tokens.shape[0]
+    hidden = config.hidden_size
+    num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+    eps = config.rms_norm_eps
+    dtype = params["embed"].dtype
+
+    # Each layer's pages are rows [layer * num_pages, (layer + 1) * num_pages) of a flat pool,
+    # so layer l reads/writes it through offset page ids instead of slicing the pool.
+    pool = kv_pool.reshape(num_layers * num_pages, page_size, num_combined, head_dim)
+    cos, sin = rope_cos_sin(config, batch.positions, dtype)
+
+    n_aux = len(aux_layer_ids)
+    # Layer -> aux slot; non-aux layers write to a trash slot (n_aux) that is dropped at the end.
+    aux_slot = np.full(num_layers, n_aux, np.int32)
+    aux_slot[list(aux_layer_ids)] = np.arange(n_aux, dtype=np.int32)
+    aux_slot = jnp.asarray(aux_slot)
+
+    def layer(carry, xs):
+        h, pool, aux = carry
+        w, index = xs
+        x = rms_norm(h, w["input_norm"], eps)
+        q = (x @ w["q_proj"]).reshape(num_tokens, num_heads, head_dim)
+        k = (x @ w["k_proj"]).reshape(num_tokens, num_kv_heads, head_dim)
+        v = (x @ w["v_proj"]).reshape(num_tokens, num_kv_heads, head_dim)
+        if config.qk_norm:
+            q = rms_norm(q, w["q_norm"], eps)
+            k = rms_norm(k, w["k_norm"], eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        pool = write_kv(pool, interleave_kv(k, v), batch.slot_mapping + index * num_pages * page_size)
+        attn = ragged_paged_attention(
+            q,
+            pool,
+            batch.kv_lens,
+            batch.page_indices + index * num_pages,
+            batch.cu_q_lens,
+            batch.num_seqs,
+            sm_scale=head_dim**-0.5,
+            max_q_len=batch.max_q_len,
+        )
+        h = h + attn.reshape(num_tokens, num_heads * head_dim) @ w["o_proj"]
+
+        x = rms_norm(h, w["post_norm"], eps)
+        h = h + (jax.nn.silu(x @ w["gate_proj"]) * (x @ w["up_proj"])) @ w["down_proj"]
+        if n_aux:
+            aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
+        return (h, pool, aux), None
+
+    h = params["embed"][batch.tokens]
+    aux = jnp.zeros((n_aux + 1 if n_aux else 0, num_tokens, hidden), dtype)
+    (h, pool, aux), _ = jax.lax.scan(
+        layer, (h, pool, aux), (params["layers"], jnp.arange(num_layers))
+    )
+
+    last = rms_norm(h[batch.logits_indices], params["norm"], eps)
+    logits = (last @ params["lm_head"].T).astype(jnp.float32)
+    aux = aux[:n_aux].transpose(1, 0, 2).reshape(num_tokens, n_aux * hidden)
+    return logits, aux, pool.reshape(kv_pool.shape)

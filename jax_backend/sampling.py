@@ -1,0 +1,105 @@
+"""Sampling and speculative acceptance as jitted functions (per-row parameters as arrays).
+
+`probs` is the single temperature / top-k / top-p transform used for target and draft alike;
+its semantics match `dflash.model._sampling_probs`: divide by temperature, keep the top_k
+scores (when 0 < top_k < V), softmax, then keep the smallest prefix of the sorted distribution
+whose mass reaches top_p (token i is kept while the mass before it is < top_p) and renormalise.
+Ties are broken by lower token id.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.jit
+def probs(
+    logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+) -> jax.Array:
+    """[R, V] logits + per-row temperature/top_p/top_k [R] -> float32 probabilities [R, V].
+
+    Rows with temperature <= 0 get a one-hot at the argmax (the greedy limit). top_k <= 0 or
+    >= V disables top-k; top_p >= 1 disables top-p.
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    temperature = jnp.asarray(temperature, jnp.float32)[:, None]
+    top_p = jnp.asarray(top_p, jnp.float32)[:, None]
+    top_k = jnp.asarray(top_k, jnp.int32)[:, None]
+
+    scores = logits / jnp.where(temperature > 0, temperature, 1.0)
+    order = jnp.argsort(-scores, axis=-1, stable=True)  # descending, ties -> lower id first
+    sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
+    rank = jnp.arange(vocab)[None, :]
+    k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    sorted_scores = jnp.where(rank < k, sorted_scores, -jnp.inf)
+    sorted_probs = jax.nn.softmax(sorted_scores, axis=-1)
+
+    keep = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs < top_p
+    nucleus = jnp.where(keep, sorted_probs, 0.0)
+    nucleus = nucleus / jnp.sum(nucleus, axis=-1, keepdims=True)
+    sorted_probs = jnp.where(top_p < 1.0, nucleus, sorted_probs)
+
+    greedy = (rank == 0).astype(jnp.float32)
+    sorted_probs = jnp.where(temperature > 0, sorted_probs, greedy)
+    inverse = jnp.argsort(order, axis=-1)
+    return jnp.take_along_axis(sorted_probs, inverse, axis=-1)
+
+
+@jax.jit
+def sample(
+    logits: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    top_k: jax.Array,
+    key: jax.Array,
+) -> jax.Array:
+    """One token per row [R] (int32); temperature 0 rows take the argmax."""
+    p = probs(logits, temperature, top_p, top_k)
+    drawn = jax.random.categorical(key, jnp.log(p), axis=-1)
+    greedy = jnp.argmax(logits, axis=-1)
+    return jnp.where(jnp.asarray(temperature) > 0, drawn, greedy).astype(jnp.int32)
+
+
+@jax.jit
+def greedy_accept(draft: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """draft [n, B-1] tokens at block positions 1..B-1; target_logits [n, B, V] where row j
+    predicts position j+1. Returns (accepted [n]: length of the matching draft prefix,
+    bonus [n]: the target's argmax right after it)."""
+    target = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [n, B]
+    match = (draft.astype(jnp.int32) == target[:, :-1]).astype(jnp.int32)
+    accepted = jnp.sum(jnp.cumprod(match, axis=-1), axis=-1)
+    bonus = jnp.take_along_axis(target, accepted[:, None], axis=-1)[:, 0]
+    return accepted.astype(jnp.int32), bonus
+
+
+@jax.jit
+def rejection_accept(
+    draft: jax.Array, draft_probs: jax.Array, target_probs: jax.Array, key: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Speculative sampling (Leviathan et al.; dflash `_rejection_sample`), per row:
+    accept draft j while u_j * q_j(d_j) < p_j(d_j) with u_j ~ U[0, 1); at the first rejection
+    a, sample the bonus from norm(max(p_a - q_a, 0)) (falling back to p_a when that is all
+    zero); if all B-1 drafts pass, sample the bonus from p at the last position.
+
+    draft [n, B-1], draft_probs q [n, B-1, V], target_probs p [n, B, V] -> (accepted, bonus).
+    """
+    n, gamma = draft.shape
+    draft = draft.astype(jnp.int32)
+    key_accept, key_bonus = jax.random.split(key)
+    p_draft = jnp.take_along_axis(target_probs[:, :gamma], draft[..., None], axis=-1)[..., 0]
+    q_draft = jnp.take_along_axis(draft_probs, draft[..., None], axis=-1)[..., 0]
+    u = jax.random.uniform(key_accept, (n, gamma), jnp.float32)
+    passed = (u * q_draft < p_draft).astype(jnp.int32)
+    accepted = jnp.sum(jnp.cumprod(passed, axis=-1), axis=-1)
+
+    # With q = 0 appended at the last position, "all accepted" is the residual case max(p, 0) = p.
+    q_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+    p_at = jnp.take_along_axis(target_probs, accepted[:, None, None], axis=1)[:, 0]
+    q_at = jnp.take_along_axis(q_padded, accepted[:, None, None], axis=1)[:, 0]
+    residual = jnp.maximum(p_at - q_at, 0.0)
+    total = jnp.sum(residual, axis=-1, keepdims=True)
+    residual = jnp.where(total > 0, residual / jnp.maximum(total, jnp.finfo(jnp.float32).tiny), p_at)
+    bonus = jax.random.categorical(key_bonus, jnp.log(residual), axis=-1)
+    return accepted.astype(jnp.int32), bonus.astype(jnp.int32)
