@@ -1,0 +1,155 @@
+"""DFlash drafter training: anchors, the block attention mask, the loss, and a tiny end-to-end run
+whose trained drafter is measured with the z-lab reference `dflash_generate` (real spec decoding)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from sgl_dflash.train import core
+from tests.tiny_checkpoints import load_hf_model, make_tiny_target
+
+BLOCK = 8
+
+
+def test_valid_anchor_positions_need_two_supervised_tokens():
+    mask = np.array([0, 1, 1, 1, 0, 1, 0, 1, 1], dtype=bool)
+    assert core.valid_anchor_positions(mask).tolist() == [1, 2, 7]
+    rng = np.random.default_rng(0)
+    assert core.sample_anchors(mask, 10, rng).tolist() == [1, 2, 7]
+    picked = core.sample_anchors(np.ones(100, dtype=bool), 5, rng)
+    assert len(set(picked.tolist())) == 5 and (np.diff(picked) > 0).all()
+
+
+def test_block_attention_mask_sees_strictly_earlier_context_and_own_block():
+    anchors = torch.tensor([[3, 6]])
+    mask = core.block_attention_mask(8, anchors, block_size=2)[0, 0]
+    assert mask.shape == (4, 8 + 4)
+    ctx, blocks = mask[:, :8], mask[:, 8:]
+    assert ctx[0].tolist() == [True] * 3 + [False] * 5  # positions < 3, not the anchor itself
+    assert ctx[1].tolist() == ctx[0].tolist()
+    assert ctx[2].tolist() == [True] * 6 + [False] * 2
+    assert blocks.tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
+
+
+def test_loss_weights_follow_the_paper_decay():
+    w = core.loss_weights(16)
+    assert w.shape == (15,)
+    assert torch.allclose(w, torch.exp(-torch.arange(15.0) / 7.0))
+    assert core.loss_gamma(8) == 4.0 and core.loss_gamma(10) == 5.0
+
+
+def test_make_batch_labels_are_the_tokens_after_each_anchor():
+    tokens = [np.arange(10, 20), np.arange(30, 36)]
+    masks = [np.ones(10, dtype=bool), np.array([0, 0, 1, 1, 1, 1], dtype=bool)]
+    feats = [torch.zeros(10, 4), torch.zeros(6, 4)]
+    batch = core.make_batch(tokens, masks, feats, block_size=4, num_anchors=3,
+                            rng=np.random.default_rng(1))
+    for row in range(2):
+        for j, a in enumerate(batch.anchors[row].tolist()):
+            for k in range(3):
+                if batch.label_mask[row, j, k]:
+                    assert batch.labels[row, j, k] == batch.token_ids[row, a + 1 + k]
+                    assert masks[row][a + 1 + k]
+    # Second sequence: anchors only at 2, 3, 4; labels past the end are masked.
+    assert sorted(batch.anchors[1].tolist()) == [2, 3, 4]
+    assert batch.label_mask[1].sum(-1).tolist() == [3, 2, 1]
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    lrs = [core.lr_at(s, 100, 1.0) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] < 0.01
+
+
+def test_bad_training_inputs_are_rejected(tmp_path):
+    with pytest.raises(core.TrainingDataError, match="empty"):
+        core.train_drafter(tmp_path, tmp_path / "out", [])
+    with pytest.raises(core.TrainingDataError, match="loss_mask"):
+        core.train_drafter(tmp_path, tmp_path / "out", [[1, 2, 3]], loss_mask=[[True]])
+    with pytest.raises(core.TrainingDataError, match="target_layer_ids"):
+        core.build_draft_config({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+                                 "vocab_size": 16, "intermediate_size": 16}, target_layer_ids=[5])
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    return make_tiny_target(tmp_path_factory.mktemp("target"), "llama", vocab_size=128,
+                            hidden_size=64, num_hidden_layers=4, initializer_range=0.1)
+
+
+def greedy_sequences(target_dir, num, prompt_len, new_tokens, seed):
+    model = load_hf_model(target_dir)
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, 120, (num, prompt_len), generator=gen)
+    with torch.no_grad():
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+    return prompts, out
+
+
+def reference_tau(draft_dir, target_dir, prompts, new_tokens):
+    """Mean accepted length of z-lab's own greedy DFlash loop with this drafter."""
+    import dflash.model
+    from dflash.model import DFlashDraftModel, dflash_generate
+
+    # Its stats timer calls torch.cuda.synchronize(); this machine has no CUDA.
+    dflash.model._cuda_time = time.perf_counter
+
+    draft = DFlashDraftModel.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    target = load_hf_model(target_dir)
+    lengths = []
+    for p in prompts:
+        stats = dflash_generate(draft, target, p[None], new_tokens, None, return_stats=True)
+        lengths += stats.acceptance_lengths
+    return float(np.mean(lengths))
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_target, tmp_path_factory):
+    prompts, seqs = greedy_sequences(tiny_target, 48, 8, 40, seed=0)
+    mask = torch.ones_like(seqs, dtype=torch.bool)
+    mask[:, :8] = False  # supervise the generated part only
+    out = tmp_path_factory.mktemp("draft")
+    result = core.train_drafter(tiny_target, out, seqs.tolist(), loss_mask=mask.tolist(), num_layers=1,
+                                block_size=BLOCK, steps=120, batch_size=8, num_anchors=16,
+                                lr=3e-3, seed=0, progress=False)
+    untrained = tmp_path_factory.mktemp("untrained")
+    core.train_drafter(tiny_target, untrained, seqs.tolist(), loss_mask=mask.tolist(), num_layers=1,
+                       block_size=BLOCK, steps=0, seed=0, progress=False)
+    return result, untrained
+
+
+def test_training_loss_decreases(trained):
+    result, _ = trained
+    first, last = np.mean(result.losses[:10]), np.mean(result.losses[-10:])
+    assert last < 0.6 * first, (first, last)
+
+
+def test_checkpoint_is_zlab_format(trained, tiny_target):
+    result, _ = trained
+    config = json.loads((result.out_dir / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"]["block_size"] == BLOCK
+    assert config["dflash_config"]["target_layer_ids"] == [2]
+    assert config["target"]["path"] == str(tiny_target)
+    assert config["training"]["lr"] == 3e-3
+    from safetensors import safe_open
+
+    with safe_open(result.out_dir / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert "fc.weight" in names and "layers.0.self_attn.q_proj.weight" in names
+    assert not any(n.startswith(("model.", "embed", "lm_head")) for n in names)
+
+
+def test_trained_drafter_is_accepted_more_than_random(trained, tiny_target):
+    result, untrained = trained
+    held_out = torch.randint(3, 120, (3, 8), generator=torch.Generator().manual_seed(123))
+    tau_trained = reference_tau(result.out_dir, tiny_target, held_out, 32)
+    tau_random = reference_tau(untrained, tiny_target, held_out, 32)
+    print(f"tau trained {tau_trained:.2f} random {tau_random:.2f}")
+    assert tau_trained > tau_random + 0.5, (tau_trained, tau_random)
