@@ -43,6 +43,7 @@ def make_tiny_target(
     seed: int = 0,
     norm_noise: float = 0.2,
     max_shard_size: str | None = None,
+    save_dtype: str = "float32",
     **overrides,
 ) -> str:
     """Build a random `Qwen3ForCausalLM` ("qwen3") or `LlamaForCausalLM` ("llama") and save it.
@@ -51,7 +52,8 @@ def make_tiny_target(
     `rope_scaling={...}`). RMSNorm weights (including Qwen3's q_norm/k_norm) are set to
     `1 + norm_noise * N(0, 1)` instead of all-ones so that a norm applied in the wrong place is
     visible in logits. `max_shard_size` (e.g. "100KB") writes a sharded checkpoint with
-    model.safetensors.index.json. Returns `str(path)`.
+    model.safetensors.index.json. `save_dtype="bfloat16"` stores the weights in bfloat16.
+    Returns `str(path)`.
     """
     if arch not in _ARCH_DEFAULTS:
         raise ValueError(f"arch must be 'qwen3' or 'llama', got {arch!r}")
@@ -79,6 +81,7 @@ def make_tiny_target(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model = model.to(getattr(torch, save_dtype))
     model.save_pretrained(path, **save_kwargs)
     return str(path)
 
