@@ -3,11 +3,16 @@
 from .config import DFlashConfig, DraftCheckpointError, default_target_layer_ids
 from .loader import load_draft_model, read_draft_config
 from .model import DFlashDraftModel
+from .proposer import DFlashProposer, DrafterStateError
+from .torch_drafter import TorchDrafter
 
 __all__ = [
     "DFlashConfig",
     "DFlashDraftModel",
+    "DFlashProposer",
     "DraftCheckpointError",
+    "DrafterStateError",
+    "TorchDrafter",
     "default_target_layer_ids",
     "load_draft_model",
     "read_draft_config",

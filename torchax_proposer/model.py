@@ -177,6 +177,7 @@ class DFlashDraftModel(nn.Module):
         block_positions: torch.Tensor | None = None,
         past_kv: list[KV] | None = None,
         key_valid: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, list[KV]]:
         """One drafter pass.
 
@@ -188,6 +189,9 @@ class DFlashDraftModel(nn.Module):
         block_positions   [n, B]            positions of the block tokens
         past_kv           per layer (K, V) [n, T, kv_heads, head_dim] of context positions 0..T-1
         key_valid         [n, T + C] bool  which past/new context rows exist (None = all)
+        attention_mask    [n, 1, B, T + C + B] bool, ANDed with the masks above (None = none):
+                                            lets training pack several blocks into one row, each
+                                            seeing only its own context prefix and its own block
 
         Returns (final-normed hidden states [n, B, H] or None, per layer (K, V) of the new rows).
         """
@@ -202,7 +206,7 @@ class DFlashDraftModel(nn.Module):
         else:
             context_kv = new_kv
         num_past = 0 if past_kv is None else past_kv[0][0].shape[1]
-        masks = _LayerMasks(context_positions, block_positions, num_past, key_valid)
+        masks = _LayerMasks(context_positions, block_positions, num_past, key_valid, attention_mask)
 
         h = noise_embedding
         cos, sin = self.rope(block_positions, h.dtype)
@@ -218,7 +222,7 @@ class _LayerMasks:
     key valid gets no mask at all (the common case, and exactly the reference's computation).
     """
 
-    def __init__(self, context_positions, block_positions, num_past, key_valid):
+    def __init__(self, context_positions, block_positions, num_past, key_valid, extra_mask=None):
         batch = block_positions.shape[0]
         past_positions = torch.arange(num_past, device=block_positions.device, dtype=block_positions.dtype)
         self.key_positions = torch.cat(
@@ -229,12 +233,16 @@ class _LayerMasks:
         if key_valid is not None:
             block_valid = torch.ones_like(block_positions, dtype=torch.bool)
             self.valid = torch.cat([key_valid, block_valid], 1)[:, None, None, :]
+        self.extra_mask = extra_mask
         self.cache: dict[tuple[bool, int | None], torch.Tensor | None] = {}
 
     def get(self, causal: bool, window: int | None) -> torch.Tensor | None:
         kind = (causal, window)
         if kind not in self.cache:
-            self.cache[kind] = self._build(causal, window)
+            mask = self._build(causal, window)
+            if self.extra_mask is not None:
+                mask = self.extra_mask if mask is None else mask & self.extra_mask
+            self.cache[kind] = mask
         return self.cache[kind]
 
     def _build(self, causal: bool, window: int | None) -> torch.Tensor | None:

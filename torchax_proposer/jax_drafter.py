@@ -1,0 +1,179 @@
+"""The drafter lowered to JAX through torchax: pure functions over a params pytree, jitted.
+
+The draft KV cache is static: per draft layer, K and V arrays [max_num_seqs, max_context_len + 1,
+kv_heads, head_dim]; row r of slot s holds the context K/V of position r of the sequence in slot s.
+The extra last row is a trash row: padding rows write there, so every write has a fixed shape and
+never touches real data. The caches are donated to each call and updated in place.
+
+Shapes are bucketed by the caller (`DFlashProposer`): batch and context rows padded to powers of
+two, the cache read window (`read_len`) too, so steady-state decoding reuses a handful of compiled
+programs.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torchax
+from torchax.interop import jax_view, torch_view
+
+from .model import DFlashDraftModel
+
+Params = dict[str, jax.Array]
+Cache = list[jax.Array]  # one array per draft layer
+
+JAX_DTYPES = {torch.float32: jnp.float32, torch.bfloat16: jnp.bfloat16, torch.float16: jnp.float16}
+
+
+def model_params(model: DFlashDraftModel) -> Params:
+    """The module's parameters and buffers as a flat {name: jax array} pytree (dtype preserved)."""
+    params = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        array = tensor.detach().to("cpu", torch.float32).numpy()
+        params[name] = jnp.asarray(array, dtype=JAX_DTYPES[tensor.dtype])
+    return params
+
+
+def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len: int, dtype) -> tuple[Cache, Cache]:
+    config = model.config
+    shape = (max_num_seqs, max_context_len + 1, config.num_key_value_heads, config.head_dim)
+    zeros = lambda: jnp.zeros(shape, dtype)  # noqa: E731 - one fresh buffer per layer
+    return [zeros() for _ in model.layers], [zeros() for _ in model.layers]
+
+
+def _call_model(model: DFlashDraftModel, params: Params, *args: Any, **kwargs: Any) -> Any:
+    """Runs the torch module on JAX values (inside a trace) and returns JAX values."""
+    with torchax.default_env():
+        out = torch.func.functional_call(model, torch_view(params), torch_view(args), torch_view(kwargs))
+    return jax_view(out)
+
+
+def _write_rows(cache: jax.Array, slots, cache_lens, new_lens, rows: jax.Array) -> jax.Array:
+    """cache[slot_i, cache_len_i + j] = rows[i, j] for j < new_len_i; padding goes to the trash row."""
+    trash = cache.shape[1] - 1
+    j = jnp.arange(rows.shape[1])[None, :]
+    positions = jnp.where(j < new_lens[:, None], cache_lens[:, None] + j, trash)
+    return cache.at[slots[:, None], positions].set(rows.astype(cache.dtype))
+
+
+def extend_cache(
+    model: DFlashDraftModel,
+    params: Params,
+    k_cache: Cache,
+    v_cache: Cache,
+    features: jax.Array,
+    new_lens: jax.Array,
+    cache_lens: jax.Array,
+    slots: jax.Array,
+) -> tuple[Cache, Cache]:
+    """Appends context rows (features [n, C, n_aux*H], the first new_lens[i] real) to the cache."""
+    positions = cache_lens[:, None] + jnp.arange(features.shape[1], dtype=jnp.int32)[None, :]
+    _, new_kv = _call_model(model, params, features.astype(k_cache[0].dtype), positions)
+    k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
+    v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]
+    return k_cache, v_cache
+
+
+def draft_block(
+    model: DFlashDraftModel,
+    block_size: int,
+    params: Params,
+    embed: jax.Array,
+    lm_head: jax.Array,
+    k_cache: Cache,
+    v_cache: Cache,
+    features: tuple[jax.Array, ...],
+    new_lens: jax.Array,
+    cache_lens: jax.Array,
+    slots: jax.Array,
+    bonus_tokens: jax.Array,
+    *,
+    read_len: int,
+    return_logits: bool,
+) -> tuple[jax.Array, jax.Array | None, Cache, Cache]:
+    """One draft for a batch, appending each sequence's pending context rows on the way.
+
+    features[i] [C, n_aux*H]: pending context rows of sequence i (first new_lens[i] real);
+    cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens).
+    The block [bonus, MASK x (B-1)] sits at positions L .. L+B-1, L = cache_len + new_len.
+    Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] f32 or None, k_cache, v_cache).
+    """
+    dtype = k_cache[0].dtype
+    features = jnp.stack(features).astype(dtype)
+    batch, num_new = features.shape[:2]
+    committed = cache_lens + new_lens
+    context_positions = cache_lens[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
+    block_positions = committed[:, None] + jnp.arange(block_size, dtype=jnp.int32)[None, :]
+    mask_ids = jnp.full((batch, block_size - 1), model.mask_token_id, jnp.int32)
+    block_ids = jnp.concatenate([bonus_tokens[:, None].astype(jnp.int32), mask_ids], axis=1)
+
+    past_kv = [(k[slots, :read_len], v[slots, :read_len]) for k, v in zip(k_cache, v_cache)]
+    key_valid = jnp.concatenate(
+        [jnp.arange(read_len)[None, :] < cache_lens[:, None], jnp.arange(num_new)[None, :] < new_lens[:, None]],
+        axis=1,
+    )
+    with torchax.default_env():
+        noise = model.embed_block(torch_view(block_ids), torch_view(embed.astype(dtype)))
+    hidden, new_kv = _call_model(
+        model,
+        params,
+        features,
+        context_positions,
+        noise_embedding=jax_view(noise),
+        block_positions=block_positions,
+        past_kv=past_kv,
+        key_valid=key_valid,
+    )
+    with torchax.default_env():
+        logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(dtype)))
+    logits = jax_view(logits).astype(jnp.float32)
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
+    v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]
+    return tokens, logits if return_logits else None, k_cache, v_cache
+
+
+class JittedDrafter:
+    """`draft_block` and `extend_cache` jitted for one model and block size, counting compilations."""
+
+    def __init__(self, model: DFlashDraftModel, block_size: int):
+        self.num_traces = 0
+        self.draft = jax.jit(
+            self._counted(functools.partial(draft_block, model, block_size)),
+            static_argnames=("read_len", "return_logits"),
+            donate_argnames=("k_cache", "v_cache"),
+        )
+        self.extend = jax.jit(
+            self._counted(functools.partial(extend_cache, model)), donate_argnames=("k_cache", "v_cache")
+        )
+        self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows",))
+
+    def _counted(self, fn):
+        # Runs only while jax traces, i.e. once per new input signature = once per compilation.
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            self.num_traces += 1
+            return fn(*args, **kwargs)
+
+        return traced
+
+
+def _pad_rows(rows: jax.Array, *, num_rows: int) -> jax.Array:
+    return jnp.zeros((num_rows, rows.shape[1]), rows.dtype).at[: rows.shape[0]].set(rows)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """numpy view of a numpy / jax / torch array (torch tensors are moved to the CPU)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float32).numpy()
+    return np.asarray(x)

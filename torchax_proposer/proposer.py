@@ -1,0 +1,249 @@
+"""`DFlashProposer`: the drafter's per-sequence state machine on JAX (used by the runtime).
+
+State of a sequence with committed length L (tokens whose target K/V is final):
+  - its cache slot holds context K/V of positions 0 .. cache_len-1,
+  - `pending` holds the target features of positions cache_len .. L-1 (at most one block's worth),
+    projected and appended by the next `propose` inside the same jitted call.
+So cache_len + pending == L at all times: the drafter never holds anything of an unverified draft.
+
+Protocol per decode step:  propose(ids, bonus) -> drafts;  target verifies;  commit(ids, a, aux).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .jax_drafter import (
+    JAX_DTYPES,
+    JittedDrafter,
+    as_numpy,
+    init_draft_cache,
+    model_params,
+    next_power_of_two,
+)
+from .loader import load_draft_model, torch_dtype
+
+
+class DrafterStateError(ValueError):
+    """A call that does not fit the sequences' state (unknown id, wrong lengths, capacity)."""
+
+
+@dataclass
+class _SeqState:
+    slot: int
+    cache_len: int
+    pending: jax.Array | None = None  # [pending_bucket, n_aux*H], first `num_pending` rows real
+    num_pending: int = 0
+
+    @property
+    def committed_len(self) -> int:
+        return self.cache_len + self.num_pending
+
+
+class DFlashProposer:
+    """Drafts blocks for many sequences at once with a static, donated draft KV cache.
+
+    `target_embed` / `target_lm_head`: the target's [V, H] arrays (not in drafter checkpoints).
+    `block_size`: defaults to the checkpoint's; a smaller one serves e.g. a b16 drafter at B=8.
+    """
+
+    # Prompts are appended in chunks of at most this many rows (power-of-two buckets up to it).
+    prefill_chunk = 256
+    # Smallest cache window read by a draft; windows grow by powers of two up to max_context_len.
+    min_read_len = 64
+
+    def __init__(
+        self,
+        draft_dir: str | Path,
+        *,
+        target_embed: Any,
+        target_lm_head: Any,
+        target_config: dict[str, Any],
+        max_num_seqs: int,
+        max_context_len: int,
+        block_size: int | None = None,
+        dtype: str = "float32",
+    ):
+        self.model = load_draft_model(draft_dir, target_config, dtype)
+        self.config = self.model.config
+        self.block_size = int(self.config.block_size if block_size is None else block_size)
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (one bonus + at least one draft), got {self.block_size}")
+        if max_num_seqs < 1 or max_context_len < 1:
+            raise ValueError(f"max_num_seqs and max_context_len must be positive, got {max_num_seqs}, {max_context_len}")
+        self.target_layer_ids = list(self.config.target_layer_ids)
+        self.mask_token_id = self.config.mask_token_id
+        self.max_num_seqs = max_num_seqs
+        self.max_context_len = max_context_len
+        self.num_features = self.config.num_context_features
+
+        self.dtype = JAX_DTYPES[torch_dtype(dtype)]
+        shape = (self.config.vocab_size, self.config.hidden_size)
+        for name, array in (("target_embed", target_embed), ("target_lm_head", target_lm_head)):
+            if tuple(array.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(array.shape)}, expected [vocab, hidden] = {shape}")
+        self.embed = jnp.asarray(target_embed, self.dtype)
+        self.lm_head = jnp.asarray(target_lm_head, self.dtype)
+        self.params = model_params(self.model)
+        self.k_cache, self.v_cache = init_draft_cache(self.model, max_num_seqs, max_context_len, self.dtype)
+
+        # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.
+        self.pending_bucket = next_power_of_two(self.block_size)
+        self._no_rows = jnp.zeros((self.pending_bucket, self.num_features), self.dtype)
+        self._jit = JittedDrafter(self.model, self.block_size)
+        self._seqs: dict[Any, _SeqState] = {}
+        self._free_slots = list(range(max_num_seqs - 1, -1, -1))
+
+    # ---- sequence lifecycle -------------------------------------------------------------------
+
+    def add(self, seq_id: Any, context_features: Any) -> None:
+        """Registers a sequence after prefill; context_features [L, n_aux*H]: prompt aux features."""
+        if seq_id in self._seqs:
+            raise DrafterStateError(f"sequence {seq_id!r} is already added")
+        if not self._free_slots:
+            raise DrafterStateError(f"all {self.max_num_seqs} drafter slots are in use (max_num_seqs)")
+        # Via the host: prompt lengths vary, and device-side padding would compile once per length.
+        features = as_numpy(context_features)
+        self._check_rows(seq_id, features, min_rows=1)
+        if len(features) > self.max_context_len:
+            raise DrafterStateError(
+                f"sequence {seq_id!r}: prompt of {len(features)} rows exceeds max_context_len={self.max_context_len}"
+            )
+        state = _SeqState(slot=self._free_slots.pop(), cache_len=0)
+        self._seqs[seq_id] = state
+        for start in range(0, len(features), self.prefill_chunk):
+            chunk = features[start : start + self.prefill_chunk]
+            bucket = max(self.pending_bucket, next_power_of_two(len(chunk)))
+            padded = np.zeros((1, bucket, self.num_features), np.float32)
+            padded[0, : len(chunk)] = chunk
+            self._extend(state, jnp.asarray(padded, self.dtype), len(chunk))
+
+    def release(self, seq_id: Any) -> None:
+        """Forgets a sequence and frees its cache slot (its stale rows are never read again)."""
+        state = self._state(seq_id)
+        del self._seqs[seq_id]
+        self._free_slots.append(state.slot)
+
+    def committed_len(self, seq_id: Any) -> int:
+        return self._state(seq_id).committed_len
+
+    def num_compilations(self) -> int:
+        """Programs compiled so far by this proposer's jitted functions."""
+        return self._jit.num_traces
+
+    # ---- decode step ----------------------------------------------------------------------------
+
+    def propose(
+        self, seq_ids: Sequence[Any], bonus_tokens: Any, *, return_logits: bool = False
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Drafts B-1 tokens per sequence: block [bonus, MASK x (B-1)] at positions L .. L+B-1.
+
+        Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits)."""
+        states = [self._state(s) for s in seq_ids]
+        if len(set(seq_ids)) != len(seq_ids):
+            raise DrafterStateError(f"duplicate sequence ids in propose: {list(seq_ids)}")
+        bonus = np.asarray(bonus_tokens).reshape(-1)
+        if len(bonus) != len(states):
+            raise DrafterStateError(f"{len(bonus)} bonus tokens for {len(states)} sequences")
+        if len(states) == 0:
+            empty = np.zeros((0, self.block_size - 1), np.int32)
+            vocab = self.config.vocab_size
+            return (empty, np.zeros((0, self.block_size - 1, vocab), np.float32)) if return_logits else empty
+        if not np.issubdtype(bonus.dtype, np.integer) or bonus.min() < 0 or bonus.max() >= self.config.vocab_size:
+            raise DrafterStateError(f"bonus tokens must be token ids in [0, {self.config.vocab_size}), got {bonus}")
+
+        batch = next_power_of_two(len(states))
+        pad = batch - len(states)
+        # Padding rows: slot 0, nothing cached, nothing pending -> they only write the trash row.
+        slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
+        cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
+        new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
+        features = tuple(s.pending if s.pending is not None else self._no_rows for s in states)
+        features += (self._no_rows,) * pad
+        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(int(cache_lens.max()))))
+
+        tokens, logits, self.k_cache, self.v_cache = self._jit.draft(
+            self.params,
+            self.embed,
+            self.lm_head,
+            self.k_cache,
+            self.v_cache,
+            features,
+            jnp.asarray(new_lens),
+            jnp.asarray(cache_lens),
+            jnp.asarray(slots),
+            jnp.asarray(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
+            read_len=read_len,
+            return_logits=return_logits,
+        )
+        for state in states:
+            state.cache_len, state.pending, state.num_pending = state.committed_len, None, 0
+        tokens = np.asarray(tokens)[: len(states)]
+        if return_logits:
+            return tokens, np.asarray(logits)[: len(states)]
+        return tokens
+
+    def commit(self, seq_ids: Sequence[Any], accepted_counts: Any, aux_features: Sequence[Any]) -> None:
+        """After verification: aux_features[i] [a_i+1, n_aux*H] are the target's features of the
+        block's first a_i+1 tokens (bonus + accepted drafts); committed length becomes L + a_i + 1."""
+        counts = [int(a) for a in np.asarray(accepted_counts).reshape(-1)]
+        if not len(seq_ids) == len(counts) == len(aux_features):
+            raise DrafterStateError(
+                f"commit got {len(seq_ids)} ids, {len(counts)} accepted counts, {len(aux_features)} feature arrays"
+            )
+        states = [self._state(s) for s in seq_ids]
+        for seq_id, state, count, rows in zip(seq_ids, states, counts, aux_features):
+            if not 0 <= count <= self.block_size - 1:
+                raise DrafterStateError(
+                    f"sequence {seq_id!r}: accepted count {count} outside [0, {self.block_size - 1}]"
+                )
+            self._check_rows(seq_id, rows, min_rows=count + 1, max_rows=count + 1)
+            if state.committed_len + count + 1 > self.max_context_len:
+                raise DrafterStateError(
+                    f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
+                    f"max_context_len={self.max_context_len}"
+                )
+        for state, count, rows in zip(states, counts, aux_features):
+            if state.num_pending:  # two commits without a propose between: flush the older rows
+                self._extend(state, state.pending[None], state.num_pending)
+            rows = rows if isinstance(rows, jax.Array) else jnp.asarray(as_numpy(rows))
+            state.pending = self._jit.pad_rows(rows.astype(self.dtype), num_rows=self.pending_bucket)
+            state.num_pending = count + 1
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _state(self, seq_id: Any) -> _SeqState:
+        if seq_id not in self._seqs:
+            raise DrafterStateError(f"unknown sequence {seq_id!r} (not added, or released)")
+        return self._seqs[seq_id]
+
+    def _check_rows(self, seq_id: Any, rows: Any, *, min_rows: int, max_rows: int | None = None) -> None:
+        shape = tuple(rows.shape)
+        if len(shape) != 2 or shape[1] != self.num_features:
+            raise DrafterStateError(
+                f"sequence {seq_id!r}: context features have shape {shape}, expected [rows, {self.num_features}] "
+                f"(= {len(self.target_layer_ids)} target layers x hidden {self.config.hidden_size})"
+            )
+        if shape[0] < min_rows or (max_rows is not None and shape[0] > max_rows):
+            expected = f"{min_rows}" if max_rows == min_rows else f">= {min_rows}"
+            raise DrafterStateError(f"sequence {seq_id!r}: got {shape[0]} feature rows, expected {expected}")
+
+    def _extend(self, state: _SeqState, padded_rows: jax.Array, num_rows: int) -> None:
+        """Appends padded_rows [1, bucket, n_aux*H] (first num_rows real) to the sequence's cache."""
+        self.k_cache, self.v_cache = self._jit.extend(
+            self.params,
+            self.k_cache,
+            self.v_cache,
+            padded_rows,
+            jnp.asarray([num_rows], jnp.int32),
+            jnp.asarray([state.cache_len], jnp.int32),
+            jnp.asarray([state.slot], jnp.int32),
+        )
+        state.cache_len += num_rows
+        state.pending, state.num_pending = None, 0
