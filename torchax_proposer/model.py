@@ -133,9 +133,11 @@ class DFlashDraftModel(nn.Module):
         self.reset_rope()
 
     def reset_rope(self) -> None:
-        """(Re)computes the RoPE frequencies buffer (not part of checkpoints) on the CPU."""
-        inv_freq, self.rope_scaling = self.config.rope_inv_freq()
+        """(Re)computes the RoPE buffers (not part of checkpoints). Buffers, not Python floats, so
+        that every number the forward uses travels in the params pytree."""
+        inv_freq, scaling = self.config.rope_inv_freq()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("rope_scaling", torch.tensor(scaling, dtype=torch.float32), persistent=False)
 
     @property
     def block_size(self) -> int:
