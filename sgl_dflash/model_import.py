@@ -87,7 +87,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, ov
     stages.set_postfix_str("save safetensors")
     tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp_dir)
+    _save_dequantized(model, tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
     (tmp_dir / "import_source.json").write_text(
         json.dumps({"gguf_file": gguf_path.name, "dtype": "float32", "converter": "transformers gguf_file="}, indent=2)
@@ -100,6 +100,21 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, ov
     stages.update()
     stages.close()
     return out_dir
+
+
+def _save_dequantized(model, out_dir: Path) -> None:
+    """`save_pretrained` refuses GGUF-loaded models; the weights are plain float32 tensors by now."""
+    from safetensors.torch import save_file
+
+    state = {name: t.contiguous() for name, t in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["torch_dtype"] = config["dtype"] = "float32"
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    model.generation_config.save_pretrained(out_dir)
 
 
 def ensure_default_model() -> Path:

@@ -124,17 +124,21 @@ def build_draft_config(
 
 
 def new_draft_model(config: dict, *, seed: int = 0) -> torch.nn.Module:
-    """A randomly initialised `DFlashDraftModel` (z-lab parameter names) in float32."""
-    from transformers import Qwen3Config
+    """A randomly initialised `DFlashDraftModel` (z-lab parameter names) in float32.
 
-    try:
-        from torchax_proposer import DFlashDraftModel
-    except ImportError:  # torchax_proposer's module has not landed yet: same parameter names
-        from dflash.model import DFlashDraftModel
+    Linear weights ~ N(0, 0.02) like transformers' Qwen3 init; norms start at one.
+    """
+    from torchax_proposer import DFlashConfig, DFlashDraftModel
 
     torch.manual_seed(seed)
-    model = DFlashDraftModel(Qwen3Config(**config))
-    return model.to(torch.float32)
+    model = DFlashDraftModel(DFlashConfig.from_dict(config)).to(torch.float32)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, 0.02)
+                if module.bias is not None:
+                    module.bias.zero_()
+    return model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,34 +247,30 @@ def make_batch(
     return Batch(tokens, feats, anchors, labels, label_mask)
 
 
-def draft_hidden(model: torch.nn.Module, embed: torch.Tensor, batch: Batch, *, mask_token_id: int,
-                 block_size: int, embedding_scale: float = 1.0) -> torch.Tensor:
-    """Drafter outputs for every block row, `[batch, nb, B, H]`."""
+def draft_hidden(model: torch.nn.Module, embed: torch.Tensor, batch: Batch, *, block_size: int) -> torch.Tensor:
+    """Drafter outputs for every block row, `[batch, nb, B, H]`: all blocks of a sequence run in one
+    row, the attention mask keeps each block to its own context prefix and its own rows."""
     bsz, nb = batch.anchors.shape
     seq_len = batch.token_ids.shape[1]
-    block_tokens = torch.full((bsz, nb, block_size), mask_token_id, dtype=torch.int64)
+    block_tokens = torch.full((bsz, nb, block_size), model.mask_token_id, dtype=torch.int64)
     block_tokens[:, :, 0] = torch.gather(batch.token_ids, 1, batch.anchors)
-    noise = F.embedding(block_tokens.view(bsz, nb * block_size), embed) * embedding_scale
+    noise = model.embed_block(block_tokens.view(bsz, nb * block_size), embed).to(batch.features.dtype)
     block_pos = (batch.anchors[:, :, None] + torch.arange(block_size)).view(bsz, nb * block_size)
-    ctx_pos = torch.arange(seq_len)[None].expand(bsz, -1)
-    position_ids = torch.cat([ctx_pos, block_pos], dim=1)
-    attn_mask = block_attention_mask(seq_len, batch.anchors, block_size)
-    hidden = model(
-        position_ids=position_ids,
-        attention_mask=attn_mask,
-        noise_embedding=noise.to(batch.features.dtype),
-        target_hidden=batch.features,
+    hidden, _ = model(
+        context_features=batch.features,
+        context_positions=torch.arange(seq_len)[None].expand(bsz, -1),
+        noise_embedding=noise,
+        block_positions=block_pos,
+        attention_mask=block_attention_mask(seq_len, batch.anchors, block_size),
     )
     return hidden.view(bsz, nb, block_size, -1)
 
 
 def dflash_loss(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, batch: Batch, *,
-                mask_token_id: int, block_size: int, weights: torch.Tensor,
-                embedding_scale: float = 1.0) -> tuple[torch.Tensor, dict]:
+                block_size: int, weights: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Decay-weighted CE over block offsets 1..B-1; returns (loss, stats with per-offset accuracy)."""
-    hidden = draft_hidden(model, embed, batch, mask_token_id=mask_token_id, block_size=block_size,
-                          embedding_scale=embedding_scale)[:, :, 1:]
-    logits = hidden @ lm_head.T  # [batch, nb, B-1, V]
+    hidden = draft_hidden(model, embed, batch, block_size=block_size)[:, :, 1:]
+    logits = model.compute_logits(hidden, lm_head)  # [batch, nb, B-1, V]
     ce = F.cross_entropy(logits.flatten(0, 2).float(), batch.labels.flatten(), reduction="none")
     ce = ce.view_as(batch.labels.float())
     w = weights[None, None, :] * batch.label_mask
@@ -326,8 +326,7 @@ def save_draft_checkpoint(model: torch.nn.Module, config: dict, out_dir: str | o
     """Write `config.json` + `model.safetensors` (no `model.` prefix, no embedding/lm_head)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {name: p.detach().to(dtype).contiguous() for name, p in model.state_dict().items()
-               if not name.startswith("rotary_emb")}
+    tensors = {name: p.detach().to(dtype).contiguous() for name, p in model.state_dict().items()}
     config = dict(config)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     config["dtype"] = config["torch_dtype"]
@@ -408,7 +407,6 @@ def train_drafter(
     config = build_draft_config(target_config, num_layers=num_layers, block_size=block_size,
                                 target_layer_ids=target_layer_ids, mask_token_id=mask_token_id)
     layer_ids = config["dflash_config"]["target_layer_ids"]
-    mask_id = config["dflash_config"]["mask_token_id"]
     features = [target_features(target, torch.as_tensor(t)[None], layer_ids)[0] for t in token_arrays]
     embed, lm_head = target_embed_and_head(target)
 
@@ -425,8 +423,7 @@ def train_drafter(
                            num_anchors=num_anchors, rng=rng)
         if batch is None:
             continue
-        loss, stats = dflash_loss(model, embed, lm_head, batch, mask_token_id=mask_id,
-                                  block_size=block_size, weights=weights)
+        loss, stats = dflash_loss(model, embed, lm_head, batch, block_size=block_size, weights=weights)
         optimizer_step(model, optimizer, loss, lr_at(step, steps, lr))
         result.losses.append(stats["loss"])
         result.taus.append(stats["tau"])
