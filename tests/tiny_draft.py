@@ -114,3 +114,11 @@ def make_tiny_draft(
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return path
+
+
+def context_features(target: torch.nn.Module, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """DFlash context features of every position of input_ids [1, T] under a transformers target:
+    cat of the OUTPUTS of the given target layers (hidden_states[l + 1]) -> [T, len(ids) * H]."""
+    with torch.no_grad():
+        hidden_states = target(input_ids, output_hidden_states=True).hidden_states
+    return torch.cat([hidden_states[layer + 1][0] for layer in layer_ids], dim=-1)

@@ -22,6 +22,7 @@ import torch
 import torchax
 from torchax.interop import jax_view, torch_view
 
+from .config import DFlashConfig
 from .model import DFlashDraftModel
 
 Params = dict[str, jax.Array]
@@ -140,17 +141,24 @@ def draft_block(
 
 
 class JittedDrafter:
-    """`draft_block` and `extend_cache` jitted for one model and block size, counting compilations."""
+    """`draft_block` and `extend_cache` jitted for one drafter structure and block size.
 
-    def __init__(self, model: DFlashDraftModel, block_size: int):
+    Built around a weightless (meta-device) module: every weight comes in through the params
+    pytree, so one instance serves every proposer whose drafter has the same config (see
+    `jitted_drafter`), and compiled programs are shared between them.
+    """
+
+    def __init__(self, config: DFlashConfig, block_size: int):
+        with torch.device("meta"):
+            skeleton = DFlashDraftModel(config)
         self.num_traces = 0
         self.draft = jax.jit(
-            self._counted(functools.partial(draft_block, model, block_size)),
+            self._counted(functools.partial(draft_block, skeleton, block_size)),
             static_argnames=("read_len", "return_logits"),
             donate_argnames=("k_cache", "v_cache"),
         )
         self.extend = jax.jit(
-            self._counted(functools.partial(extend_cache, model)), donate_argnames=("k_cache", "v_cache")
+            self._counted(functools.partial(extend_cache, skeleton)), donate_argnames=("k_cache", "v_cache")
         )
         self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows",))
 
@@ -162,6 +170,12 @@ class JittedDrafter:
             return fn(*args, **kwargs)
 
         return traced
+
+
+@functools.lru_cache(maxsize=16)
+def jitted_drafter(config: DFlashConfig, block_size: int) -> JittedDrafter:
+    """The shared `JittedDrafter` for a drafter config (DFlashConfig compares structure only)."""
+    return JittedDrafter(config, block_size)
 
 
 def _pad_rows(rows: jax.Array, *, num_rows: int) -> jax.Array:

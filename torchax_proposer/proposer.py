@@ -21,9 +21,9 @@ import numpy as np
 
 from .jax_drafter import (
     JAX_DTYPES,
-    JittedDrafter,
     as_numpy,
     init_draft_cache,
+    jitted_drafter,
     model_params,
     next_power_of_two,
 )
@@ -96,7 +96,7 @@ class DFlashProposer:
         # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.
         self.pending_bucket = next_power_of_two(self.block_size)
         self._no_rows = jnp.zeros((self.pending_bucket, self.num_features), self.dtype)
-        self._jit = JittedDrafter(self.model, self.block_size)
+        self._jit = jitted_drafter(self.config, self.block_size)
         self._seqs: dict[Any, _SeqState] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
 
@@ -134,7 +134,8 @@ class DFlashProposer:
         return self._state(seq_id).committed_len
 
     def num_compilations(self) -> int:
-        """Programs compiled so far by this proposer's jitted functions."""
+        """Programs compiled so far by the jitted drafter functions (shared by proposers whose
+        drafters have the same config)."""
         return self._jit.num_traces
 
     # ---- decode step ----------------------------------------------------------------------------
