@@ -26,6 +26,7 @@ from typing import Any
 from sgl_dflash.sampling_params import InvalidRequestError
 from sgl_dflash.schedule_batch import Req
 from sgl_dflash.scheduler import Scheduler
+from sgl_dflash.server.logprobs import TokenScores, logprob_meta_info, score_tokens
 from sgl_dflash.server.metrics import ServerMetrics
 from sgl_dflash.server.protocol import GenerateRequest, RequestError
 from sgl_dflash.server_args import ServerArgs
@@ -78,6 +79,7 @@ class TokenizerManager:
         self.startup_time = time.time()
 
         self._inbox: collections.deque[Callable[[], None]] = collections.deque()
+        self._deferred: list[Callable[[], None]] = []  # jobs waiting for KV pages (scheduler thread)
         self._wakeup = threading.Event()
         self._states: dict[str, _ReqState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,6 +116,8 @@ class TokenizerManager:
                     logger.exception("scheduler step failed")
                     progressed = self._abort_all(f"internal error: {type(e).__name__}: {e}")
                 snapshots = [self._snapshot(req) for req in progressed]
+                self._inbox.extend(self._deferred)
+                self._deferred.clear()
                 self._refresh_stats()
                 if snapshots:
                     self._loop.call_soon_threadsafe(self._deliver, snapshots)
@@ -167,6 +171,26 @@ class TokenizerManager:
         self._post(run)
         return asyncio.wrap_future(future)
 
+    async def _score(self, token_ids: list[int], top_k: int) -> TokenScores:
+        """Score a sequence with the target in the scheduler thread, waiting for KV pages."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def attempt() -> None:
+            try:
+                scores = score_tokens(self.scheduler.worker, token_ids, top_k)
+                if scores is None and not self.scheduler.has_work():
+                    raise GenerationError(f"the KV pool cannot hold {len(token_ids)} tokens for scoring")
+            except BaseException as e:
+                future.set_exception(e)
+                return
+            if scores is None:
+                self._deferred.append(attempt)  # retried after the next step frees pages
+            else:
+                future.set_result(scores)
+
+        self._post(attempt)
+        return await asyncio.wrap_future(future)
+
     # -- event loop side ------------------------------------------------------------------
     def _deliver(self, snapshots: list[Snapshot]) -> None:
         for snap in snapshots:
@@ -185,13 +209,18 @@ class TokenizerManager:
 
     def prepare(self, request: GenerateRequest, input_ids: list[int] | None = None) -> Req:
         """Tokenize and validate one request (no scheduling yet); raises `RequestError`."""
-        if request.return_logprob or request.top_logprobs_num:
-            raise RequestError(
-                "return_logprob / top_logprobs_num are not supported by this server"
-            )
         if request.rid in self._states:
             raise RequestError(f"request id {request.rid!r} is already in use")
         ids = input_ids if input_ids is not None else self.tokenize(request)
+        if request.return_logprob:
+            start, top = request.logprob_start_len, request.top_logprobs_num
+            if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start <= len(ids):
+                raise RequestError(
+                    f"logprob_start_len must be -1 or in [0, {len(ids)}] (the number of input "
+                    f"tokens), got {start!r}"
+                )
+            if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+                raise RequestError(f"top_logprobs_num must be an integer >= 0, got {top!r}")
         req = Req(request.rid, list(ids), request.sampling_params)
         try:
             self.scheduler.validate_request(req)  # pure checks; safe from this thread
@@ -229,9 +258,11 @@ class TokenizerManager:
                 if state.first_output_time is None and snap.output_ids:
                     state.first_output_time = time.perf_counter()
                 if finished:
-                    state.done = True
-                    self._on_finish(state, snap)
+                    state.done = True  # the scheduler is done with it: nothing left to abort
                     reason = snap.finished_reason
+                    if reason.get("type") != "abort" and request.return_logprob:
+                        await self._add_logprobs(state, snap)
+                    self._on_finish(state, snap)
                     if reason.get("type") == "abort":
                         raise GenerationError(
                             reason.get("message", "aborted"), reason.get("status_code", 500)
@@ -261,6 +292,17 @@ class TokenizerManager:
         while not state.queue.empty() and snap.finished_reason is None:
             snap = state.queue.get_nowait()
         return snap
+
+    async def _add_logprobs(self, state: _ReqState, snap: Snapshot) -> None:
+        request, input_ids = state.request, state.req.input_ids
+        scores = await self._score(input_ids + snap.output_ids, request.top_logprobs_num)
+        decode_token = None
+        if request.return_text_in_logprobs and self.tokenizer is not None:
+            decode_token = lambda t: self.tokenizer.decode([t])  # noqa: E731
+        snap.meta_info.update(logprob_meta_info(
+            scores, input_ids, snap.output_ids, logprob_start_len=request.logprob_start_len,
+            top_logprobs_num=request.top_logprobs_num, decode_token=decode_token,
+        ))
 
     def _output(self, state: _ReqState, snap: Snapshot) -> dict[str, Any]:
         out: dict[str, Any] = {}
