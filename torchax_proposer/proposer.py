@@ -53,10 +53,11 @@ class DFlashProposer:
     `block_size`: defaults to the checkpoint's; a smaller one serves e.g. a b16 drafter at B=8.
     """
 
-    # Prompts are appended in chunks of at most this many rows (power-of-two buckets up to it).
+    # Prompts are appended in chunks of power-of-two rows from min_prefill_rows to prefill_chunk.
+    min_prefill_rows = 32
     prefill_chunk = 256
     # Smallest cache window read by a draft; windows grow by powers of two up to max_context_len.
-    min_read_len = 64
+    min_read_len = 128
 
     def __init__(
         self,
@@ -119,7 +120,7 @@ class DFlashProposer:
         self._seqs[seq_id] = state
         for start in range(0, len(features), self.prefill_chunk):
             chunk = features[start : start + self.prefill_chunk]
-            bucket = max(self.pending_bucket, next_power_of_two(len(chunk)))
+            bucket = max(self.pending_bucket, self.min_prefill_rows, next_power_of_two(len(chunk)))
             padded = np.zeros((1, bucket, self.num_features), np.float32)
             padded[0, : len(chunk)] = chunk
             self._extend(state, jnp.asarray(padded, self.dtype), len(chunk))
