@@ -249,6 +249,7 @@ class TokenizerManager:
             try:
                 await self._call(self.scheduler.add_request, req)
             except InvalidRequestError as e:
+                state.done = True  # never queued
                 raise RequestError(str(e)) from None
             while True:
                 snap = await self._next_snapshot(state, is_disconnected)
