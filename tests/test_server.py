@@ -115,6 +115,17 @@ def test_stream_is_cumulative_and_ends_like_non_stream(url, engine_outputs):
     assert final["meta_info"]["finish_reason"] is not None
 
 
+def test_batch_stream_tags_chunks_with_their_index(url, engine_outputs):
+    ps = prompts(NUM_CLIENTS)
+    body = {"text": [ps[8], ps[9]], "stream": True,
+            "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}}
+    chunks = [json.loads(e) for e in sse_events(post(url, "/generate", body, stream=True))[:-1]]
+    for index in (0, 1):
+        mine = [c for c in chunks if c["index"] == index]
+        assert mine[-1]["output_ids"] == engine_outputs[8 + index]["output_ids"]
+        assert mine[-1]["meta_info"]["finish_reason"] is not None
+
+
 def test_stop_string_is_trimmed_and_never_streamed(url, engine_outputs):
     ref = engine_outputs[7]
     text = ref["text"]

@@ -60,7 +60,7 @@ class _ReqState:
     def __init__(self, request: GenerateRequest, req: Req):
         self.request = request
         self.req = req
-        self.queue: asyncio.Queue[Snapshot | BaseException] = asyncio.Queue()
+        self.queue: asyncio.Queue[Snapshot] = asyncio.Queue()
         self.sent_text = ""
         self.arrival = time.perf_counter()
         self.first_output_time: float | None = None
@@ -106,24 +106,34 @@ class TokenizerManager:
     # -- scheduler thread -----------------------------------------------------------------
     def _scheduler_loop(self) -> None:
         while not self._stopping:
-            self._wakeup.clear()
-            while self._inbox:
-                self._inbox.popleft()()
-            if self.scheduler.has_work():
-                try:
-                    progressed = self.scheduler.step()
-                except Exception as e:  # the scheduler isolates request failures; this is a last resort
-                    logger.exception("scheduler step failed")
-                    progressed = self._abort_all(f"internal error: {type(e).__name__}: {e}")
-                snapshots = [self._snapshot(req) for req in progressed]
-                self._inbox.extend(self._deferred)
-                self._deferred.clear()
-                self._refresh_stats()
-                if snapshots:
-                    self._loop.call_soon_threadsafe(self._deliver, snapshots)
-            else:
-                self._refresh_stats()
-                self._wakeup.wait(timeout=1.0)
+            try:
+                self._run_once()
+            except Exception:  # never let the thread die: later requests must still be served
+                logger.exception("scheduler loop iteration failed")
+
+    def _run_once(self) -> None:
+        self._wakeup.clear()
+        while self._inbox:
+            job = self._inbox.popleft()
+            try:
+                job()
+            except Exception:
+                logger.exception("scheduler command failed")
+        if not self.scheduler.has_work():
+            self._refresh_stats()
+            self._wakeup.wait(timeout=1.0)
+            return
+        try:
+            progressed = self.scheduler.step()
+        except Exception as e:  # the scheduler isolates request failures; this is a last resort
+            logger.exception("scheduler step failed")
+            progressed = self._abort_all(f"internal error: {type(e).__name__}: {e}")
+        snapshots = [self._snapshot(req) for req in progressed]
+        self._inbox.extend(self._deferred)
+        self._deferred.clear()
+        self._refresh_stats()
+        if snapshots:
+            self._loop.call_soon_threadsafe(self._deliver, snapshots)
 
     def _abort_all(self, message: str) -> list[Req]:
         reqs = list(self.scheduler.waiting) + list(self.scheduler.running)
