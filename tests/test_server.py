@@ -310,7 +310,8 @@ def test_bad_generate_requests_get_400_naming_the_problem(url, body, needle):
 @pytest.mark.parametrize("path,body,needle", [
     ("/v1/completions", {"model": "m", "prompt": "hi", "temperature": -1}, "temperature"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "n": 3}, "'n'"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": -2}, "max_new_tokens"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": -2}, "max_tokens: must be >= 0"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
     ("/v1/chat/completions", {"model": "m"}, "missing required field 'messages'"),
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2},
      "top_p"),

@@ -92,7 +92,11 @@ class _SamplingFields(BaseModel):
             "frequency_penalty": self.frequency_penalty,
             "repetition_penalty": self.repetition_penalty,
         }
-        return to_sampling_params(params, where="request")
+        try:
+            return to_sampling_params(params, where="request")
+        except RequestError as e:  # name the OpenAI field, not its SGLang counterpart
+            message = str(e).replace("request.max_new_tokens", "max_tokens")
+            raise RequestError(message.replace("request.min_new_tokens", "min_tokens").replace("request.", "")) from None
 
 
 class CompletionRequest(_SamplingFields):
