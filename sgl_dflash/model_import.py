@@ -112,6 +112,7 @@ def _save_dequantized(model, out_dir: Path) -> None:
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]
     config["torch_dtype"] = config["dtype"] = "float32"
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     model.generation_config.save_pretrained(out_dir)
