@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 from tests.tiny_draft import context_features, make_tiny_draft, single_torch_thread  # noqa: F401
-from torchax_proposer import DFlashProposer, TorchDrafter, load_draft_model
+from torchax_proposer import DFlashConfig, DFlashProposer, TorchDrafter, default_target_layer_ids, load_draft_model
 
 TARGET_LAYERS = 6
 PROMPT_LENS = (5, 13, 30)
@@ -157,3 +157,35 @@ def test_matches_reference_over_growing_context(target, tmp_path_factory, name, 
         for seq in seq_ids:
             assert jax_drafter.committed_len(seq) == eager.committed_len(seq) == refs[seq].start
             assert refs[seq].start == tokens[seq].shape[1]
+
+
+def test_default_target_layer_ids_rule_matches_reference():
+    for num_target in range(4, 41):
+        for num_draft in range(1, 9):
+            assert default_target_layer_ids(num_target, num_draft) == ref_lib.build_target_layer_ids(num_target, num_draft)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # block_size nowhere -> 16; ids nowhere -> rule over num_target_layers
+        lambda c: (c["dflash_config"].pop("block_size"), c["dflash_config"].pop("target_layer_ids")),
+        # top level used when dflash_config lacks the key; dflash_config wins when both have it
+        lambda c: (c.update(block_size=12, mask_token_id=7, output_multiplier=2.0), c["dflash_config"].pop("block_size")),
+        lambda c: c["dflash_config"].update(output_multiplier=0.5, final_logit_softcapping=3.0, input_embedding_scale=2.0),
+    ],
+)
+def test_config_keys_read_like_reference(target, tmp_path, edit):
+    _, target_config = target
+    path = make_tiny_draft(tmp_path, target_config, num_layers=2, block_size=8, target_layer_ids=[1, 3])
+    config = json.loads((path / "config.json").read_text())
+    edit(config)
+    (path / "config.json").write_text(json.dumps(config))
+
+    reference = ref_lib.DFlashDraftModel.from_pretrained(path, dtype=torch.float32)
+    ours = DFlashConfig.from_pretrained(path)
+    assert ours.block_size == reference.block_size
+    assert ours.mask_token_id == reference.mask_token_id
+    assert list(ours.target_layer_ids) == list(reference.target_layer_ids)
+    for key, default in (("output_multiplier", 1.0), ("input_embedding_scale", 1.0), ("final_logit_softcapping", None)):
+        assert getattr(ours, key) == ref_lib._draft_value(reference.config, key, default)

@@ -47,7 +47,7 @@ def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len
     return [zeros() for _ in model.layers], [zeros() for _ in model.layers]
 
 
-def _call_model(model: DFlashDraftModel, params: Params, *args: Any, **kwargs: Any) -> Any:
+def call_model(model: DFlashDraftModel, params: Params, *args: Any, **kwargs: Any) -> Any:
     """Runs the torch module on JAX values (inside a trace) and returns JAX values."""
     with torchax.default_env():
         out = torch.func.functional_call(model, torch_view(params), torch_view(args), torch_view(kwargs))
@@ -74,7 +74,7 @@ def extend_cache(
 ) -> tuple[Cache, Cache]:
     """Appends context rows (features [n, C, n_aux*H], the first new_lens[i] real) to the cache."""
     positions = cache_lens[:, None] + jnp.arange(features.shape[1], dtype=jnp.int32)[None, :]
-    _, new_kv = _call_model(model, params, features.astype(k_cache[0].dtype), positions)
+    _, new_kv = call_model(model, params, features.astype(k_cache[0].dtype), positions)
     k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
     v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]
     return k_cache, v_cache
@@ -95,14 +95,14 @@ def draft_block(
     bonus_tokens: jax.Array,
     *,
     read_len: int,
-    return_logits: bool,
-) -> tuple[jax.Array, jax.Array | None, Cache, Cache]:
+) -> tuple[jax.Array, jax.Array, Cache, Cache]:
     """One draft for a batch, appending each sequence's pending context rows on the way.
 
     features[i] [C, n_aux*H]: pending context rows of sequence i (first new_lens[i] real);
     cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens).
     The block [bonus, MASK x (B-1)] sits at positions L .. L+B-1, L = cache_len + new_len.
-    Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] f32 or None, k_cache, v_cache).
+    Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] float32, k_cache, v_cache); the
+    logits are needed for the argmax anyway, so returning them costs no extra program.
     """
     dtype = k_cache[0].dtype
     features = jnp.stack(features).astype(dtype)
@@ -120,7 +120,7 @@ def draft_block(
     )
     with torchax.default_env():
         noise = model.embed_block(torch_view(block_ids), torch_view(embed.astype(dtype)))
-    hidden, new_kv = _call_model(
+    hidden, new_kv = call_model(
         model,
         params,
         features,
@@ -137,7 +137,7 @@ def draft_block(
 
     k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
     v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]
-    return tokens, logits if return_logits else None, k_cache, v_cache
+    return tokens, logits, k_cache, v_cache
 
 
 class JittedDrafter:
@@ -154,13 +154,13 @@ class JittedDrafter:
         self.num_traces = 0
         self.draft = jax.jit(
             self._counted(functools.partial(draft_block, skeleton, block_size)),
-            static_argnames=("read_len", "return_logits"),
+            static_argnames=("read_len",),
             donate_argnames=("k_cache", "v_cache"),
         )
         self.extend = jax.jit(
             self._counted(functools.partial(extend_cache, skeleton)), donate_argnames=("k_cache", "v_cache")
         )
-        self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows",))
+        self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows", "dtype"))
 
     def _counted(self, fn):
         # Runs only while jax traces, i.e. once per new input signature = once per compilation.
@@ -178,8 +178,8 @@ def jitted_drafter(config: DFlashConfig, block_size: int) -> JittedDrafter:
     return JittedDrafter(config, block_size)
 
 
-def _pad_rows(rows: jax.Array, *, num_rows: int) -> jax.Array:
-    return jnp.zeros((num_rows, rows.shape[1]), rows.dtype).at[: rows.shape[0]].set(rows)
+def _pad_rows(rows: jax.Array, *, num_rows: int, dtype) -> jax.Array:
+    return jnp.zeros((num_rows, rows.shape[1]), dtype).at[: rows.shape[0]].set(rows.astype(dtype))
 
 
 def next_power_of_two(n: int) -> int:

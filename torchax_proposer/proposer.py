@@ -123,7 +123,7 @@ class DFlashProposer:
             bucket = max(self.pending_bucket, self.min_prefill_rows, next_power_of_two(len(chunk)))
             padded = np.zeros((1, bucket, self.num_features), np.float32)
             padded[0, : len(chunk)] = chunk
-            self._extend(state, jnp.asarray(padded, self.dtype), len(chunk))
+            self._extend(state, jax.device_put(padded), len(chunk))
 
     def release(self, seq_id: Any) -> None:
         """Forgets a sequence and frees its cache slot (its stale rows are never read again)."""
@@ -133,6 +133,15 @@ class DFlashProposer:
 
     def committed_len(self, seq_id: Any) -> int:
         return self._state(seq_id).committed_len
+
+    def context_kv(self, seq_id: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per draft layer, the cached context (K, V) [cache_len, kv_heads, head_dim] of a sequence
+        (rows still pending since the last commit are not in it yet)."""
+        state = self._state(seq_id)
+        return [
+            (np.asarray(k[state.slot])[: state.cache_len], np.asarray(v[state.slot])[: state.cache_len])
+            for k, v in zip(self.k_cache, self.v_cache)
+        ]
 
     def num_compilations(self) -> int:
         """Programs compiled so far by the jitted drafter functions (shared by proposers whose
@@ -177,12 +186,9 @@ class DFlashProposer:
             self.k_cache,
             self.v_cache,
             features,
-            jnp.asarray(new_lens),
-            jnp.asarray(cache_lens),
-            jnp.asarray(slots),
-            jnp.asarray(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
+            *jax.device_put([new_lens, cache_lens, slots]),
+            jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
             read_len=read_len,
-            return_logits=return_logits,
         )
         for state in states:
             state.cache_len, state.pending, state.num_pending = state.committed_len, None, 0
@@ -214,8 +220,8 @@ class DFlashProposer:
         for state, count, rows in zip(states, counts, aux_features):
             if state.num_pending:  # two commits without a propose between: flush the older rows
                 self._extend(state, state.pending[None], state.num_pending)
-            rows = rows if isinstance(rows, jax.Array) else jnp.asarray(as_numpy(rows))
-            state.pending = self._jit.pad_rows(rows.astype(self.dtype), num_rows=self.pending_bucket)
+            rows = rows if isinstance(rows, jax.Array) else jax.device_put(as_numpy(rows))
+            state.pending = self._jit.pad_rows(rows, num_rows=self.pending_bucket, dtype=self.dtype)
             state.num_pending = count + 1
 
     # ---- internals ----------------------------------------------------------------------------
@@ -243,9 +249,7 @@ class DFlashProposer:
             self.k_cache,
             self.v_cache,
             padded_rows,
-            jnp.asarray([num_rows], jnp.int32),
-            jnp.asarray([state.cache_len], jnp.int32),
-            jnp.asarray([state.slot], jnp.int32),
+            *jax.device_put([np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)]),
         )
         state.cache_len += num_rows
         state.pending, state.num_pending = None, 0

@@ -1,0 +1,102 @@
+"""The same DFlashDraftModel in torch eager and lowered through torchax into jax.jit."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from tests.tiny_checkpoints import make_tiny_target
+from tests.tiny_draft import make_tiny_draft, single_torch_thread  # noqa: F401
+from torchax_proposer import load_draft_model
+from torchax_proposer.jax_drafter import call_model, model_params
+
+TARGET = dict(hidden_size=64, vocab_size=256, num_hidden_layers=4)
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    target_dir = make_tiny_target(tmp_path_factory.mktemp("target"), "qwen3", num_hidden_layers=4)
+    # GQA, and a sliding (causal) second layer so both mask kinds are lowered.
+    draft_dir = make_tiny_draft(
+        tmp_path_factory.mktemp("draft"), target_dir, num_layers=2, block_size=8, target_layer_ids=[0, 2],
+        use_sliding_window=True, sliding_window=5, layer_types=["full_attention", "sliding_attention"],
+    )
+    return load_draft_model(draft_dir, TARGET)
+
+
+def padded_inputs(model, seed=0):
+    """A batch of 3 sequences with different cached / new context lengths, padded to one shape."""
+    gen = torch.Generator().manual_seed(seed)
+    config = model.config
+    past_lens, new_lens = [12, 0, 7], [3, 8, 1]
+    batch, past, new, block = 3, 12, 8, 8
+    # Padding rows hold large garbage: a mask that leaks would show.
+    past_kv = [
+        (10 * torch.randn(batch, past, config.num_key_value_heads, config.head_dim, generator=gen),
+         10 * torch.randn(batch, past, config.num_key_value_heads, config.head_dim, generator=gen))
+        for _ in model.layers
+    ]
+    features = 10 * torch.randn(batch, new, config.num_context_features, generator=gen)
+    context_positions = torch.tensor(past_lens)[:, None] + torch.arange(new)[None]
+    block_positions = torch.tensor([p + n for p, n in zip(past_lens, new_lens)])[:, None] + torch.arange(block)[None]
+    key_valid = torch.cat(
+        [torch.arange(past)[None] < torch.tensor(past_lens)[:, None], torch.arange(new)[None] < torch.tensor(new_lens)[:, None]], 1
+    )
+    noise = torch.randn(batch, block, config.hidden_size, generator=gen)
+    return dict(
+        context_features=features, context_positions=context_positions, noise_embedding=noise,
+        block_positions=block_positions, past_kv=past_kv, key_valid=key_valid,
+    ), past_lens, new_lens
+
+
+def test_eager_equals_torchax_jit(drafter):
+    inputs, _, _ = padded_inputs(drafter)
+    with torch.inference_mode():
+        hidden, new_kv = drafter(**inputs)
+
+    def forward(params, kwargs):
+        return call_model(drafter, params, **kwargs)
+
+    as_jax = jax.tree_util.tree_map(lambda t: jnp.asarray(t.numpy()), inputs)
+    jax_hidden, jax_new_kv = jax.jit(forward)(model_params(drafter), as_jax)
+    np.testing.assert_allclose(np.asarray(jax_hidden), hidden.numpy(), atol=1e-5, rtol=0)
+    for (k, v), (jk, jv) in zip(new_kv, jax_new_kv):
+        np.testing.assert_allclose(np.asarray(jk), k.numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(jv), v.numpy(), atol=1e-5, rtol=0)
+
+
+def test_padded_batch_equals_each_sequence_alone(drafter):
+    """Masks: padded rows (past or new) change nothing; each row equals its unpadded run."""
+    inputs, past_lens, new_lens = padded_inputs(drafter, seed=1)
+    with torch.inference_mode():
+        hidden, new_kv = drafter(**inputs)
+        for i, (past, new) in enumerate(zip(past_lens, new_lens)):
+            alone, alone_kv = drafter(
+                inputs["context_features"][i : i + 1, :new],
+                inputs["context_positions"][i : i + 1, :new],
+                noise_embedding=inputs["noise_embedding"][i : i + 1],
+                block_positions=inputs["block_positions"][i : i + 1],
+                past_kv=[(k[i : i + 1, :past], v[i : i + 1, :past]) for k, v in inputs["past_kv"]],
+            )
+            torch.testing.assert_close(hidden[i], alone[0], atol=1e-5, rtol=0)
+            for (k, v), (ak, av) in zip(new_kv, alone_kv):
+                torch.testing.assert_close(k[i, :new], ak[0], atol=1e-5, rtol=0)
+                torch.testing.assert_close(v[i, :new], av[0], atol=1e-5, rtol=0)
+
+
+def test_context_split_does_not_matter(drafter):
+    """Context K/V computed in one pass or in pieces (then passed back as past) give the same draft."""
+    gen = torch.Generator().manual_seed(2)
+    features = torch.randn(1, 20, drafter.config.num_context_features, generator=gen)
+    noise = torch.randn(1, 8, drafter.config.hidden_size, generator=gen)
+    positions = torch.arange(28)[None]
+    with torch.inference_mode():
+        whole, _ = drafter(features, positions[:, :20], noise_embedding=noise, block_positions=positions[:, 20:])
+        _, first_kv = drafter(features[:, :13], positions[:, :13])
+        split, _ = drafter(
+            features[:, 13:], positions[:, 13:20], noise_embedding=noise, block_positions=positions[:, 20:], past_kv=first_kv
+        )
+    torch.testing.assert_close(split, whole, atol=1e-5, rtol=0)
