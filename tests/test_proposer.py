@@ -83,6 +83,7 @@ def test_long_run_equals_fresh_drafter(dirs, target_head):
     assert {seq: proposer.committed_len(seq) for seq in history} == expected_len
 
     fresh = make_proposer(dirs, target_head)
+    fresh.prefill_chunk = 32  # the whole context goes in through several prefill chunks
     for seq, parts in history.items():
         fresh.add(seq, np.concatenate([np.asarray(r) for r in parts]))
     bonus = [17, 201]
@@ -169,7 +170,7 @@ def test_double_commit(dirs, target_head):
     parts = [rows(rng, 10), rows(rng, 2), rows(rng, 4)]
     proposer.add(0, parts[0])
     proposer.commit([0], [1], [parts[1]])
-    proposer.commit([0], [3], [parts[2]])
+    proposer.commit([0], [3], [torch.tensor(np.asarray(parts[2]))])  # torch input works too
     assert proposer.committed_len(0) == 16
     fresh = make_proposer(dirs, target_head)
     fresh.add(0, np.concatenate([np.asarray(p) for p in parts]))
