@@ -16,7 +16,13 @@ import numpy as np
 
 from jax_backend.batch import Batch
 from jax_backend.config import TargetConfig
-from jax_backend.paged_attention import interleave_kv, ragged_paged_attention, write_kv
+from jax_backend.paged_attention import (
+    attend_strips,
+    gather_kv_strips,
+    interleave_kv,
+    token_seq_ids,
+    write_kv,
+)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -83,14 +89,20 @@ def forward(
     """
     num_layers, num_pages, page_size, num_combined, head_dim = kv_pool.shape
     num_tokens = batch.tokens.shape[0]
+    max_seqs = batch.kv_lens.shape[0]
     hidden = config.hidden_size
     num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
     eps = config.rms_norm_eps
     dtype = params["embed"].dtype
 
-    # Each layer's pages are rows [layer * num_pages, (layer + 1) * num_pages) of a flat pool,
-    # so layer l reads/writes it through offset page ids instead of slicing the pool.
+    # The pool is only READ inside the layer loop: each layer gathers its sequences' pages (layer
+    # l's pages are rows [l * num_pages, (l + 1) * num_pages) of the flat pool) and overlays this
+    # step's new K/V on the gathered strips. All new K/V are scattered into the pool once, after
+    # the loop. (Writing inside the loop and reading back made XLA:CPU copy the whole pool per
+    # layer for some shapes.) The result is identical to write-then-read paged attention.
     pool = kv_pool.reshape(num_layers * num_pages, page_size, num_combined, head_dim)
+    seq_of_token, token_valid = token_seq_ids(batch.cu_q_lens, batch.num_seqs, num_tokens)
+    strip_seq = jnp.where(token_valid, seq_of_token, max_seqs)  # padding rows: out of bounds, dropped
     cos, sin = rope_cos_sin(config, batch.positions, dtype)
 
     n_aux = len(aux_layer_ids)
@@ -100,7 +112,7 @@ def forward(
     aux_slot = jnp.asarray(aux_slot)
 
     def layer(carry, xs):
-        h, pool, aux = carry
+        h, aux = carry
         w, index = xs
         x = rms_norm(h, w["input_norm"], eps)
         q = (x @ w["q_proj"]).reshape(num_tokens, num_heads, head_dim)
@@ -111,12 +123,14 @@ def forward(
             k = rms_norm(k, w["k_norm"], eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-        pool = write_kv(pool, interleave_kv(k, v), batch.slot_mapping + index * num_pages * page_size)
-        attn = ragged_paged_attention(
+        keys, values = gather_kv_strips(pool, batch.page_indices + index * num_pages)
+        keys = keys.at[strip_seq, batch.positions].set(k, mode="drop")
+        values = values.at[strip_seq, batch.positions].set(v, mode="drop")
+        attn = attend_strips(
             q,
-            pool,
+            keys,
+            values,
             batch.kv_lens,
-            batch.page_indices + index * num_pages,
             batch.cu_q_lens,
             batch.num_seqs,
             sm_scale=head_dim**-0.5,
@@ -128,15 +142,16 @@ def forward(
         h = h + (jax.nn.silu(x @ w["gate_proj"]) * (x @ w["up_proj"])) @ w["down_proj"]
         if n_aux:
             aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
-        return (h, pool, aux), None
+        return (h, aux), interleave_kv(k, v)
 
     h = params["embed"][batch.tokens]
     aux = jnp.zeros((n_aux + 1 if n_aux else 0, num_tokens, hidden), dtype)
-    (h, pool, aux), _ = jax.lax.scan(
-        layer, (h, pool, aux), (params["layers"], jnp.arange(num_layers))
-    )
+    (h, aux), new_kv = jax.lax.scan(layer, (h, aux), (params["layers"], jnp.arange(num_layers)))
+
+    # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
+    kv_pool = write_kv(kv_pool, new_kv, batch.slot_mapping)
 
     last = rms_norm(h[batch.logits_indices], params["norm"], eps)
     logits = (last @ params["lm_head"].T).astype(jnp.float32)
     aux = aux[:n_aux].transpose(1, 0, 2).reshape(num_tokens, n_aux * hidden)
-    return logits, aux, pool.reshape(kv_pool.shape)
+    return logits, aux, kv_pool

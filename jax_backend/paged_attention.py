@@ -10,9 +10,9 @@ function on TPU:
 - only the first `num_seqs[0]` sequences are real. Rows past `cu_q_lens[num_seqs]` are padding
   and come back as zeros (the reference returns only the real rows).
 
-How: each sequence's pages are gathered once into a dense [pages_per_seq * page_size] K/V strip,
-its queries are gathered into a dense [max_q_len] block, one masked softmax runs per sequence,
-and the result is gathered back to the packed token rows. Cost is proportional to
+How: each sequence's pages are gathered once into a dense [pages_per_seq * page_size] K/V strip
+(`gather_kv_strips`), its queries into a dense [max_q_len] block, one masked softmax runs per
+sequence and the result is gathered back to the packed token rows (`attend_strips`). Cost is proportional to
 num_seqs * max_q_len * pages_per_seq * page_size, all static, so there is one compilation per
 bucket of shapes.
 """
@@ -44,9 +44,9 @@ def ragged_paged_attention(
     slower). Passing a bound smaller than a real q_len gives wrong results: callers that pad
     to buckets (see `jax_backend.batch`) know the bound.
     """
-    num_tokens, num_q_heads, head_dim = queries.shape
-    _, page_size, num_combined, head_dim_kv = kv_pages.shape
-    max_seqs, pages_per_seq = page_indices.shape
+    num_q_heads, head_dim = queries.shape[1:]
+    num_combined, head_dim_kv = kv_pages.shape[2:]
+    max_seqs = page_indices.shape[0]
     if num_combined % 2 or head_dim_kv != head_dim or num_q_heads % (num_combined // 2):
         raise ValueError(
             f"incompatible shapes: queries {queries.shape}, kv_pages {kv_pages.shape} "
@@ -57,14 +57,51 @@ def ragged_paged_attention(
             f"kv_lens {kv_lens.shape}, cu_q_lens {cu_q_lens.shape}, num_seqs {num_seqs.shape} "
             f"do not match page_indices {page_indices.shape}"
         )
-    num_kv_heads = num_combined // 2
+    keys, values = gather_kv_strips(kv_pages, page_indices)
+    return attend_strips(
+        queries, keys, values, kv_lens, cu_q_lens, num_seqs,
+        sm_scale=sm_scale, mask_value=mask_value, max_q_len=max_q_len,
+    )
+
+
+def gather_kv_strips(kv_pages: jax.Array, page_indices: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each sequence's pages as dense K and V strips [S, pages_per_seq * page_size, Hkv, D]."""
+    _, page_size, num_combined, head_dim = kv_pages.shape
+    max_seqs, pages_per_seq = page_indices.shape
+    strips = kv_pages[page_indices].reshape(
+        max_seqs, pages_per_seq * page_size, num_combined // 2, 2, head_dim
+    )
+    return strips[:, :, :, 0], strips[:, :, :, 1]
+
+
+def token_seq_ids(cu_q_lens: jax.Array, num_seqs: jax.Array, num_tokens: int) -> tuple[jax.Array, jax.Array]:
+    """(sequence index [T] of every packed row, whether the row is a real token [T]).
+    Row t belongs to sequence s(t) = number of real sequences ending at or before t."""
+    max_seqs = cu_q_lens.shape[0] - 1
+    t = jnp.arange(num_tokens)
+    seq_valid = jnp.arange(max_seqs) < num_seqs[0]
+    ends = jnp.where(seq_valid, cu_q_lens[1:], jnp.iinfo(jnp.int32).max)
+    seq_of_token = jnp.sum(ends[None, :] <= t[:, None], axis=1)
+    return jnp.minimum(seq_of_token, max_seqs - 1), t < cu_q_lens[num_seqs[0]]
+
+
+def attend_strips(
+    queries: jax.Array,  # [T, Hq, D]
+    keys: jax.Array,  # [S, Kmax, Hkv, D]
+    values: jax.Array,  # [S, Kmax, Hkv, D]
+    kv_lens: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: jax.Array,
+    *,
+    sm_scale: float,
+    mask_value: float = DEFAULT_MASK_VALUE,
+    max_q_len: int | None = None,
+) -> jax.Array:
+    """The attention proper, over per-sequence K/V strips (see module docstring)."""
+    num_tokens, num_q_heads, head_dim = queries.shape
+    max_seqs, max_kv_len, num_kv_heads, _ = keys.shape
     group = num_q_heads // num_kv_heads
     max_q_len = num_tokens if max_q_len is None else max_q_len
-    max_kv_len = pages_per_seq * page_size
-
-    # Dense per-sequence K/V strips: [S, max_kv_len, Hkv, D] each.
-    strips = kv_pages[page_indices].reshape(max_seqs, max_kv_len, num_kv_heads, 2, head_dim)
-    keys, values = strips[:, :, :, 0], strips[:, :, :, 1]
 
     # Dense per-sequence query blocks: [S, max_q_len, Hkv, group, D].
     seq_valid = jnp.arange(max_seqs) < num_seqs[0]
@@ -83,14 +120,10 @@ def ragged_paged_attention(
     dense_out = jnp.einsum("shgqk,skhd->sqhgd", probs, values).astype(queries.dtype)
     dense_out = dense_out.reshape(max_seqs, max_q_len, num_q_heads, head_dim)
 
-    # Back to packed rows: token t belongs to sequence s(t) = #real sequences ending at or before t.
-    t = jnp.arange(num_tokens)
-    ends = jnp.where(seq_valid, cu_q_lens[1:], jnp.iinfo(jnp.int32).max)
-    seq_of_token = jnp.sum(ends[None, :] <= t[:, None], axis=1)
-    seq_of_token = jnp.minimum(seq_of_token, max_seqs - 1)
-    offset_in_seq = jnp.clip(t - cu_q_lens[seq_of_token], 0, max_q_len - 1)
+    # Back to packed rows.
+    seq_of_token, token_valid = token_seq_ids(cu_q_lens, num_seqs, num_tokens)
+    offset_in_seq = jnp.clip(jnp.arange(num_tokens) - cu_q_lens[seq_of_token], 0, max_q_len - 1)
     out = dense_out[seq_of_token, offset_in_seq]
-    token_valid = t < cu_q_lens[num_seqs[0]]
     return jnp.where(token_valid[:, None, None], out, jnp.zeros((), out.dtype))
 
 
@@ -101,13 +134,14 @@ def interleave_kv(keys: jax.Array, values: jax.Array) -> jax.Array:
 
 
 def write_kv(kv_pages: jax.Array, new_kv: jax.Array, slot_mapping: jax.Array) -> jax.Array:
-    """Scatter new interleaved K/V rows [T, 2*Hkv, D] into `kv_pages[P, page_size, 2*Hkv, D]`.
+    """Scatter new interleaved K/V rows into pages: `kv_pages[..., P, page_size, 2*Hkv, D]`,
+    `new_kv[..., T, 2*Hkv, D]` (same leading dims, e.g. one per layer), `slot_mapping[T]` with
+    `slot = page * page_size + offset`.
 
-    `slot_mapping[t] = page * page_size + offset`. Padding tokens point into the reserved scratch
-    page 0; several may hit the same slot, which is harmless because page 0 is never read as a
-    real sequence's page.
+    Padding tokens point into the reserved scratch page 0; several may hit the same slot, which
+    is harmless because page 0 is never read as a real sequence's page.
     """
-    num_pages, page_size, num_combined, head_dim = kv_pages.shape
-    flat = kv_pages.reshape(num_pages * page_size, num_combined, head_dim)
-    flat = flat.at[slot_mapping].set(new_kv.astype(flat.dtype))
+    *lead, num_pages, page_size, num_combined, head_dim = kv_pages.shape
+    flat = kv_pages.reshape(*lead, num_pages * page_size, num_combined, head_dim)
+    flat = flat.at[..., slot_mapping, :, :].set(new_kv.astype(flat.dtype))
     return flat.reshape(kv_pages.shape)

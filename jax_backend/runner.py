@@ -116,7 +116,11 @@ class TargetRunner:
             if ids.size and (ids.min() < 0 or ids.max() >= vocab):
                 raise BatchError(f"sequence {i}: token ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
 
-        batch, layout = build_batch(seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq)
+        # min_tokens=2: with a single token row XLA:CPU lowers the KV write to a
+        # dynamic-update-slice and copies the whole pool first; one padding row avoids that.
+        batch, layout = build_batch(
+            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_tokens=2
+        )
         logits, aux, self.kv_pool = self._step(self.params, self.kv_pool, batch)
 
         logits = np.asarray(logits)

@@ -113,21 +113,24 @@ def test_padding_and_stale_entries_are_ignored():
 
 def test_write_kv_scatters_to_slots_and_scratch():
     rng = np.random.default_rng(2)
-    pool = jnp.asarray(rng.standard_normal((6, PAGE, 4, HEAD_DIM), np.float32))
-    k = jnp.asarray(rng.standard_normal((5, 2, HEAD_DIM), np.float32))
-    v = jnp.asarray(rng.standard_normal((5, 2, HEAD_DIM), np.float32))
-    kv = interleave_kv(k, v)
-    np.testing.assert_array_equal(kv[:, 0::2], k)
-    np.testing.assert_array_equal(kv[:, 1::2], v)
+    layers = 2
+    pool = jnp.asarray(rng.standard_normal((layers, 6, PAGE, 4, HEAD_DIM), np.float32))
+    k = jnp.asarray(rng.standard_normal((layers, 5, 2, HEAD_DIM), np.float32))
+    v = jnp.asarray(rng.standard_normal((layers, 5, 2, HEAD_DIM), np.float32))
+    kv = jnp.stack([interleave_kv(k[l], v[l]) for l in range(layers)])
+    np.testing.assert_array_equal(kv[:, :, 0::2], k)
+    np.testing.assert_array_equal(kv[:, :, 1::2], v)
     # Three real tokens at positions 2, 3, 4 of a sequence with page table [5, 2]; two padding.
     slots = jnp.array([5 * PAGE + 2, 5 * PAGE + 3, 2 * PAGE + 0, 0, 0], jnp.int32)
     new = np.asarray(write_kv(pool, kv, slots))
+    np.testing.assert_array_equal(np.asarray(write_kv(pool[1], kv[1], slots)), new[1])  # no layer dim
     old = np.asarray(pool)
-    np.testing.assert_array_equal(new[5, 2], kv[0])
-    np.testing.assert_array_equal(new[5, 3], kv[1])
-    np.testing.assert_array_equal(new[2, 0], kv[2])
-    changed = np.argwhere(np.any(new != old, axis=(2, 3)))
-    assert {tuple(x) for x in changed} <= {(5, 2), (5, 3), (2, 0), (0, 0)}
+    for l in range(layers):
+        np.testing.assert_array_equal(new[l, 5, 2], kv[l, 0])
+        np.testing.assert_array_equal(new[l, 5, 3], kv[l, 1])
+        np.testing.assert_array_equal(new[l, 2, 0], kv[l, 2])
+        changed = np.argwhere(np.any(new[l] != old[l], axis=(2, 3)))
+        assert {tuple(x) for x in changed} <= {(5, 2), (5, 3), (2, 0), (0, 0)}
 
 
 def test_page_allocator():
