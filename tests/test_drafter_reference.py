@@ -28,15 +28,19 @@ NUM_STEPS = 6
 CONFIGS = {
     # GQA (4 heads / 2 kv heads), explicit target layers, B=8.
     "b8_gqa_explicit_ids": dict(num_layers=2, block_size=8, target_layer_ids=[1, 4]),
-    # MHA with other head sizes, default target layer ids (z-lab's rule), B=16, output scaling.
+    # MHA with other head sizes, default target layer ids (z-lab's rule), B=16, output scaling,
+    # attention biases.
     "b16_mha_default_ids": dict(
         num_layers=3, block_size=16, num_attention_heads=8, num_key_value_heads=8, head_dim=8,
         intermediate_size=96, input_embedding_scale=1.5, output_multiplier=0.7, final_logit_softcapping=4.0,
+        attention_bias=True,
     ),
     # A sliding-window (hence causal) layer next to a full one: exercises the explicit masks.
+    # YaRN RoPE: scaled frequencies and an attention factor != 1.
     "b8_sliding_layer": dict(
         num_layers=2, block_size=8, target_layer_ids=[0, 2, 5], use_sliding_window=True, sliding_window=6,
         layer_types=["full_attention", "sliding_attention"],
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
     ),
 }
 
@@ -99,8 +103,11 @@ def test_matches_reference_over_growing_context(target, tmp_path_factory, name, 
     reference, info = ref_lib.DFlashDraftModel.from_pretrained(draft_dir, dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     reference.eval()
-    if name == "b8_sliding_layer":  # the reference really has a causal sliding layer here
+    if name == "b8_sliding_layer":  # the reference really has a causal sliding layer and YaRN here
         assert reference.layers[1].self_attn.sliding_window == 6 and reference.layers[1].self_attn.is_causal
+        assert reference.rotary_emb.rope_type == "yarn" and reference.rotary_emb.attention_scaling > 1.1
+    if name == "b16_mha_default_ids":
+        assert reference.layers[0].self_attn.q_proj.bias is not None
 
     ours = load_draft_model(draft_dir, target_config)
     assert ours.target_layer_ids == list(reference.target_layer_ids)

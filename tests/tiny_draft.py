@@ -99,13 +99,18 @@ def make_tiny_draft(
             p + "mlp.up_proj.weight": (inter, hidden),
             p + "mlp.down_proj.weight": (hidden, inter),
         })
+        if config.get("attention_bias"):
+            for name, size in (("q", q_heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden)):
+                shapes[p + f"self_attn.{name}_proj.bias"] = (size,)
 
     # Scaled so activations stay O(1) through the layers: drafts then depend on the inputs and
     # differ from token to token, which is what the exactness tests need.
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in shapes.items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            tensors[name] = 0.1 * torch.randn(shape, generator=gen)
+        elif len(shape) == 1:
             tensors[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
         else:
             tensors[name] = torch.randn(shape, generator=gen) / shape[1] ** 0.5
