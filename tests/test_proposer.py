@@ -231,3 +231,21 @@ def test_bad_construction(dirs, target_head):
                        max_num_seqs=1, max_context_len=8)
     with pytest.raises(ValueError, match="dtype must be one of"):
         make_proposer(dirs, target_head, dtype="int8")
+
+
+def test_torch_drafter_state_errors(dirs, target_head):
+    embed, lm_head = (torch.tensor(a) for a in target_head)
+    eager = TorchDrafter(load_draft_model(dirs[1], TARGET), embed, lm_head)
+    eager.add("s", torch.zeros(3, FEATURES))
+    assert eager.propose([], []).shape == (0, BLOCK - 1)
+    with pytest.raises(DrafterStateError, match="already added"):
+        eager.add("s", torch.zeros(3, FEATURES))
+    with pytest.raises(DrafterStateError, match="unknown sequence 'x'"):
+        eager.propose(["x"], [1])
+    with pytest.raises(DrafterStateError, match="got 2 feature rows, expected 3"):
+        eager.commit(["s"], [2], [torch.zeros(2, FEATURES)])
+    with pytest.raises(DrafterStateError, match=r"shape \(1, 5\), expected \[rows, 128\]"):
+        eager.commit(["s"], [0], [torch.zeros(1, 5)])
+    with pytest.raises(DrafterStateError, match="accepted count 8 outside"):
+        eager.commit(["s"], [BLOCK], [torch.zeros(BLOCK + 1, FEATURES)])
+    assert eager.committed_len("s") == 3  # failed commits changed nothing

@@ -1,9 +1,9 @@
 """The DFlash drafter: one PyTorch module, run eagerly or lowered to JAX through torchax."""
 
-from .config import DFlashConfig, DraftCheckpointError, default_target_layer_ids
+from .config import DFlashConfig, DraftCheckpointError, DrafterStateError, default_target_layer_ids
 from .loader import load_draft_model, read_draft_config
 from .model import DFlashDraftModel
-from .proposer import DFlashProposer, DrafterStateError
+from .proposer import DFlashProposer
 from .torch_drafter import TorchDrafter
 
 __all__ = [

@@ -20,6 +20,10 @@ class DraftCheckpointError(ValueError):
     """A drafter checkpoint that cannot be served: the message names the file, key or tensor."""
 
 
+class DrafterStateError(ValueError):
+    """A drafter call that does not fit the sequences' state (unknown id, wrong lengths, capacity)."""
+
+
 DEFAULT_BLOCK_SIZE = 16
 
 # RoPE variants whose frequencies change with the sequence length: the drafter's static JAX

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .config import DrafterStateError
 from .jax_drafter import (
     JAX_DTYPES,
     as_numpy,
@@ -28,10 +29,6 @@ from .jax_drafter import (
     next_power_of_two,
 )
 from .loader import load_draft_model, torch_dtype
-
-
-class DrafterStateError(ValueError):
-    """A call that does not fit the sequences' state (unknown id, wrong lengths, capacity)."""
 
 
 @dataclass

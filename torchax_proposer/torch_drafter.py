@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .config import DrafterStateError
 from .model import KV, DFlashDraftModel
 
 
@@ -48,25 +49,30 @@ class TorchDrafter:
         self._seqs: dict[Any, _TorchSeq] = {}
 
     def add(self, seq_id: Any, context_features: torch.Tensor) -> None:
+        """Registers a sequence after prefill; context_features [L, n_aux*H], L >= 1."""
         if seq_id in self._seqs:
-            raise ValueError(f"sequence {seq_id!r} is already added")
-        self._seqs[seq_id] = _TorchSeq(kv=None, cache_len=0, pending=self._features(context_features))
+            raise DrafterStateError(f"sequence {seq_id!r} is already added")
+        features = self._features(seq_id, context_features)
+        if len(features) == 0:
+            raise DrafterStateError(f"sequence {seq_id!r}: got 0 feature rows, expected >= 1")
+        self._seqs[seq_id] = _TorchSeq(kv=None, cache_len=0, pending=features)
 
     def release(self, seq_id: Any) -> None:
+        self._state(seq_id)
         del self._seqs[seq_id]
 
     def committed_len(self, seq_id: Any) -> int:
-        return self._seqs[seq_id].committed_len
+        return self._state(seq_id).committed_len
 
     def context_kv(self, seq_id: Any) -> list[KV] | None:
         """The cached context K/V of a sequence (positions 0 .. cache_len-1)."""
-        return self._seqs[seq_id].kv
+        return self._state(seq_id).kv
 
     @torch.inference_mode()
     def draft(self, seq_id: Any, bonus_token: int) -> torch.Tensor:
         """Runs the block [bonus, MASK x (B-1)] at positions L .. L+B-1; returns its hidden states
         [B, H] (row k >= 1 predicts the token at position L+k) and appends the pending context."""
-        seq = self._seqs[seq_id]
+        seq = self._state(seq_id)
         length = seq.committed_len
         arange = lambda a, b: torch.arange(a, b, device=self.device)[None]  # noqa: E731
         block_ids = torch.full((1, self.block_size), self.mask_token_id, device=self.device)
@@ -90,21 +96,41 @@ class TorchDrafter:
         self, seq_ids: Sequence[Any], bonus_tokens: Sequence[int], *, return_logits: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Greedy drafts [n, B-1] (and float32 logits [n, B-1, V] when asked)."""
-        hidden = torch.stack([self.draft(s, b) for s, b in zip(seq_ids, bonus_tokens, strict=True)])
+        if len(bonus_tokens) != len(seq_ids):
+            raise DrafterStateError(f"{len(bonus_tokens)} bonus tokens for {len(seq_ids)} sequences")
+        empty = torch.zeros(0, self.block_size, self.model.config.hidden_size, device=self.device, dtype=self.dtype)
+        hidden = torch.stack([self.draft(s, int(b)) for s, b in zip(seq_ids, bonus_tokens)]) if len(seq_ids) else empty
         logits = self.model.compute_logits(hidden[:, 1:], self.lm_head).float()
         tokens = logits.argmax(-1).to(torch.int32)
         return (tokens, logits) if return_logits else tokens
 
     def commit(self, seq_ids: Sequence[Any], accepted_counts: Sequence[int], aux_features: Sequence[torch.Tensor]) -> None:
-        for seq_id, count, rows in zip(seq_ids, accepted_counts, aux_features, strict=True):
-            if not 0 <= int(count) <= self.block_size - 1 or len(rows) != int(count) + 1:
-                raise ValueError(f"sequence {seq_id!r}: accepted {count} with {len(rows)} feature rows")
-            seq = self._seqs[seq_id]
-            seq.pending = torch.cat([seq.pending, self._features(rows)])
+        """aux_features[i] [a_i+1, n_aux*H]: target features of the block's first a_i+1 tokens."""
+        if not len(seq_ids) == len(accepted_counts) == len(aux_features):
+            raise DrafterStateError(
+                f"commit got {len(seq_ids)} ids, {len(accepted_counts)} accepted counts, {len(aux_features)} feature arrays"
+            )
+        checked = []
+        for seq_id, count, rows in zip(seq_ids, accepted_counts, aux_features):
+            seq, rows = self._state(seq_id), self._features(seq_id, rows)
+            if not 0 <= int(count) <= self.block_size - 1:
+                raise DrafterStateError(f"sequence {seq_id!r}: accepted count {count} outside [0, {self.block_size - 1}]")
+            if len(rows) != int(count) + 1:
+                raise DrafterStateError(f"sequence {seq_id!r}: got {len(rows)} feature rows, expected {int(count) + 1}")
+            checked.append((seq, rows))
+        for seq, rows in checked:  # all or nothing
+            seq.pending = torch.cat([seq.pending, rows])
 
-    def _features(self, rows: torch.Tensor) -> torch.Tensor:
+    def _state(self, seq_id: Any) -> _TorchSeq:
+        if seq_id not in self._seqs:
+            raise DrafterStateError(f"unknown sequence {seq_id!r} (not added, or released)")
+        return self._seqs[seq_id]
+
+    def _features(self, seq_id: Any, rows: Any) -> torch.Tensor:
         rows = torch.as_tensor(rows).to(self.device, self.dtype)
         width = self.model.config.num_context_features
         if rows.ndim != 2 or rows.shape[1] != width:
-            raise ValueError(f"context features must be [rows, {width}], got {tuple(rows.shape)}")
+            raise DrafterStateError(
+                f"sequence {seq_id!r}: context features have shape {tuple(rows.shape)}, expected [rows, {width}]"
+            )
         return rows
