@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=384)
     g.add_argument("--gen-batch-size", type=int, default=16)
     g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--backend", choices=["engine", "transformers"], default="engine",
+                   help="engine: our Engine generates, the features stage runs the target again; "
+                        "transformers: one generate pass yields responses and features (cheaper on CPU)")
+    g.add_argument("--num-threads", type=int, default=None, help="torch threads for the transformers backend")
     g = parser.add_argument_group("features / train")
     g.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
     g.add_argument("--num-layers", type=int, default=2)
@@ -67,10 +71,16 @@ def main(argv: list[str] | None = None) -> None:
         layer_ids = core.default_target_layer_ids(n, max(args.num_layers, 1))
     if args.stage in ("regenerate", "all"):
         prompts = pipeline.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
-        pipeline.regenerate(target, work_dir, prompts, max_new_tokens=args.max_new_tokens,
-                            max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
-                            temperature=args.temperature, seed=args.seed)
-    if args.stage in ("features", "all"):
+        if args.backend == "engine":
+            pipeline.regenerate(target, work_dir, prompts, max_new_tokens=args.max_new_tokens,
+                                max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
+                                temperature=args.temperature, seed=args.seed)
+        else:
+            pipeline.regenerate_with_features(
+                target, work_dir, prompts, layer_ids, max_new_tokens=args.max_new_tokens,
+                max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
+                temperature=args.temperature, seed=args.seed, num_threads=args.num_threads)
+    if args.stage in ("features", "all") and args.backend == "engine":
         pipeline.compute_features(target, work_dir, layer_ids)
     if args.stage in ("train", "all"):
         train_args = pipeline.TrainArgs(

@@ -128,6 +128,95 @@ def regenerate(
     return out_path
 
 
+def regenerate_with_features(
+    target_dir: str | os.PathLike,
+    work_dir: str | os.PathLike,
+    prompts: list[dict],
+    layer_ids: Sequence[int],
+    *,
+    max_new_tokens: int = 256,
+    max_prompt_tokens: int = 384,
+    batch_size: int = 8,
+    temperature: float = 0.0,
+    seed: int = 0,
+    num_threads: int | None = None,
+) -> Path:
+    """Stages 1+2 in one pass with transformers (the cheaper path on a CPU): greedy `generate` with
+    `output_hidden_states` yields the responses AND the aux features of every token but the last
+    (which no anchor ever sees as context), so the target runs once per token instead of twice.
+
+    Appends to `responses.jsonl` and writes one feature shard per batch (resumable per batch).
+    """
+    from transformers import AutoTokenizer
+
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    work_dir = Path(work_dir)
+    feat_dir = work_dir / "features"
+    feat_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"layer_ids": [int(i) for i in layer_ids], "format": "fused"}
+    meta_path = feat_dir / "meta.json"
+    if meta_path.is_file() and json.loads(meta_path.read_text()) != meta:
+        raise core.TrainingDataError(f"{feat_dir} holds features for {meta_path.read_text()}; use a new work dir")
+    meta_path.write_text(json.dumps(meta))
+    out_path = work_dir / "responses.jsonl"
+    done = _done_ids(out_path)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    todo = [(row, ids) for row in prompts if row["id"] not in done
+            for ids in [chat_prompt_ids(tokenizer, row["prompt"])] if len(ids) <= max_prompt_tokens]
+    # Similar lengths in a batch waste less compute on padding; keep the source mix per window.
+    window = batch_size * 8
+    todo = [x for i in range(0, len(todo), window) for x in sorted(todo[i : i + window], key=lambda x: len(x[1]))]
+    target = core.load_frozen_target(target_dir)
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = next(iter(eos_ids))
+    shard_index = len(list(feat_dir.glob("shard_*.safetensors")))
+    bar = tqdm(total=len(todo), desc="regenerate+features", unit="prompt")
+    tokens, start = 0, time.perf_counter()
+    torch.manual_seed(seed)
+    with out_path.open("a") as f:
+        for i in range(0, len(todo), batch_size):
+            chunk = todo[i : i + batch_size]
+            width = max(len(ids) for _, ids in chunk)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in chunk])
+            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in chunk])
+            with torch.no_grad():
+                out = target.generate(input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                                      do_sample=temperature > 0, temperature=temperature or None, top_p=None,
+                                      top_k=None, pad_token_id=pad, output_hidden_states=True,
+                                      return_dict_in_generate=True)
+            # hidden_states[step][layer]: step 0 covers the prompt, later steps one token each.
+            per_layer = [torch.cat([step[l + 1] for step in out.hidden_states], dim=1) for l in layer_ids]
+            feats_all = torch.cat(per_layer, dim=-1)  # [batch, width + generated - 1, n_aux*H]
+            tensors = {}
+            for j, (row, ids) in enumerate(chunk):
+                gen = out.sequences[j, width:].tolist()
+                stop = next((k + 1 for k, t in enumerate(gen) if t in eos_ids), len(gen))
+                gen = gen[:stop]
+                seq = torch.tensor(ids + gen, dtype=torch.int64)
+                offset = width - len(ids)
+                feats = torch.zeros(len(seq), feats_all.shape[-1], dtype=torch.float16)
+                feats[: len(seq) - 1] = feats_all[j, offset : offset + len(seq) - 1].to(torch.float16)
+                mask = torch.zeros(len(seq), dtype=torch.bool)
+                mask[len(ids):] = True
+                tensors.update({f"tokens_{j}": seq, f"mask_{j}": mask, f"features_{j}": feats})
+                tokens += len(gen)
+            path = feat_dir / f"shard_{shard_index:05d}.safetensors"
+            save_file(tensors, str(path.with_suffix(".tmp")))
+            path.with_suffix(".tmp").replace(path)
+            shard_index += 1
+            for j, (row, ids) in enumerate(chunk):
+                gen = tensors[f"tokens_{j}"][len(ids):].tolist()
+                f.write(json.dumps({"id": row["id"], "source": row["source"], "prompt_ids": ids,
+                                    "output_ids": gen}) + "\n")
+            f.flush()
+            bar.update(len(chunk))
+            bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
+    bar.close()
+    return out_path
+
+
 def read_responses(path: str | os.PathLike) -> list[dict]:
     rows = []
     with open(path) as f:
