@@ -37,6 +37,7 @@ import zipfile
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -221,17 +222,21 @@ def _normalize(text: str) -> str:
 
 def remove_benchmark_overlap(train: list[dict], benchmarks: dict[str, list[dict]]) -> list[dict]:
     """Drop training prompts that equal or contain any benchmark question (normalized)."""
-    questions = [_normalize(r["question"]) for rows in benchmarks.values() for r in rows]
-    exact = set(questions)
-    long_questions = [q for q in questions if len(q) >= 40]
-    kept = []
-    for row in train:
-        text = _normalize(row["prompt"])
-        core = _normalize(row["prompt"].removesuffix(_REASON))
-        if text in exact or core in exact or any(q in text for q in long_questions):
+    questions = {_normalize(r["question"]) for rows in benchmarks.values() for r in rows}
+    texts = [_normalize(row["prompt"]) for row in train]
+    cores = [_normalize(row["prompt"].removesuffix(_REASON)) for row in train]
+    drop = {i for i, (t, c) in enumerate(zip(texts, cores)) if t in questions or c in questions}
+    # Containment: search every question in all prompts joined (one fast C scan per question).
+    joined = "\0".join(texts)
+    starts = np.cumsum([0] + [len(t) + 1 for t in texts])
+    for q in questions:
+        if len(q) < 40:  # short questions ("hi") may legitimately appear inside other text
             continue
-        kept.append(row)
-    return kept
+        pos = joined.find(q)
+        while pos != -1:
+            drop.add(int(np.searchsorted(starts, pos, side="right")) - 1)
+            pos = joined.find(q, pos + 1)
+    return [row for i, row in enumerate(train) if i not in drop]
 
 
 def extract_training_prompts(benchmarks: dict[str, list[dict]], wheel_dir: Path | None = None) -> list[dict]:
