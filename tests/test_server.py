@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 
 import httpx
 import numpy as np
@@ -25,8 +27,8 @@ API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PAGE_SIZE = 8
 MAX_TOTAL_TOKENS = 256  # 32 pages: a few requests at a time
-NUM_CLIENTS = 36
-MAX_NEW_TOKENS = 20
+NUM_CLIENTS = 32
+MAX_NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +62,17 @@ def prompts(n):
 
 
 @pytest.fixture(scope="module")
-def engine_outputs(model_dir):
-    """Greedy outputs of the offline Engine for `prompts(NUM_CLIENTS)`."""
+def engine(model_dir):
+    """The offline Engine on the same checkpoint, with a KV pool large enough for everything."""
     engine = Engine(model_path=model_dir, max_total_tokens=4096, max_running_requests=64)
-    outs = engine.generate(prompts(NUM_CLIENTS), {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0})
+    yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine_outputs(engine):
+    """Greedy outputs of the offline Engine for `prompts(NUM_CLIENTS)`."""
+    outs = engine.generate(prompts(NUM_CLIENTS), {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0})
     # Not vacuous: most prompts run to the length limit (EOS is rare for this model).
     assert sum(len(o["output_ids"]) == MAX_NEW_TOKENS for o in outs) >= NUM_CLIENTS // 2
     return outs
@@ -191,12 +199,15 @@ def sse_events(response):
             if line.startswith("data: ")]
 
 
-async def stream_client(client, url, prompt, disconnect_after):
-    """Stream one request; returns the last chunk, or None after disconnecting early."""
-    body = {"text": prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}}
-    last, n = None, 0
-    async with client.stream("POST", url + "/generate", json=body, headers=AUTH) as r:
+async def stream_client(client, url, prompt, disconnect):
+    """Stream one request to the end and return its last chunk; or, with `disconnect`, ask for
+    a long output (it cannot finish first) and hang up after the first chunk (returns None)."""
+    params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}
+    if disconnect:
+        params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    last = None
+    async with client.stream("POST", url + "/generate", headers=AUTH,
+                             json={"text": prompt, "stream": True, "sampling_params": params}) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
@@ -204,8 +215,8 @@ async def stream_client(client, url, prompt, disconnect_after):
             if line == "data: [DONE]":
                 return last
             last = json.loads(line[len("data: "):])
-            n += 1
-            if disconnect_after is not None and n >= disconnect_after:
+            if disconnect:
+                assert last["meta_info"]["finish_reason"] is None
                 return None  # leaving the block closes the connection mid-stream
     raise AssertionError("stream ended without [DONE]")
 
@@ -231,7 +242,7 @@ def test_concurrent_streams_with_disconnects_under_a_small_kv_budget(url, engine
         limits = httpx.Limits(max_connections=NUM_CLIENTS + 4)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
             results = await asyncio.gather(*[
-                stream_client(client, url, p, 2 if i in disconnecting else None) for i, p in enumerate(ps)
+                stream_client(client, url, p, i in disconnecting) for i, p in enumerate(ps)
             ])
         stop.set()
         await poller
@@ -245,22 +256,51 @@ def test_concurrent_streams_with_disconnects_under_a_small_kv_budget(url, engine
             assert out["output_ids"] == engine_outputs[i]["output_ids"], i
             assert out["text"] == engine_outputs[i]["text"], i
 
-    # The KV budget was the bottleneck: requests queued, and running ones were retracted.
+    # More requests than could run at once: they queued.
     assert max(s["num_waiting"] for s in seen) > 0
     after = wait_until_idle(url, AUTH)
-    assert after["num_retractions"] > baseline["num_retractions"]
     # Every page came back: disconnected requests were aborted and freed.
     assert after["num_free_pages"] == after["total_pages"]
     assert metric(url, "sglang:num_aborted_requests_total") - aborted_before == len(disconnecting)
 
 
+def test_requests_outgrowing_the_kv_pool_are_retracted_and_still_exact(url, engine):
+    # 8 requests of 8 + 40 tokens need 6 pages each at the end: 48 > 32 pages. All fit at
+    # admission, so running requests must be retracted (and recomputed) as they grow.
+    ps = [f"grow {i}:" for i in range(8)]
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    expected = engine.generate(ps, params)
+    before = wait_until_idle(url, AUTH)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=300) as client:
+            return await asyncio.gather(*[client.post(url + "/generate", headers=AUTH,
+                                                      json={"text": p, "sampling_params": params})
+                                          for p in ps])
+
+    for r, ref in zip(asyncio.run(run()), expected):
+        assert r.status_code == 200, r.text
+        assert r.json()["output_ids"] == ref["output_ids"]
+    after = wait_until_idle(url, AUTH)
+    assert after["num_retractions"] > before["num_retractions"]
+    assert after["num_free_pages"] == after["total_pages"]
+
+
 def test_non_streaming_disconnect_aborts_the_request(url):
-    # A client that gives up on a non-streaming request (read timeout) frees its pages too.
+    # A client that hangs up on a running non-streaming request frees its pages too.
     aborted_before = metric(url, "sglang:num_aborted_requests_total")
-    body = {"text": "slow one", "sampling_params": {"max_new_tokens": 200, "temperature": 0,
-                                                     "ignore_eos": True}}
-    with pytest.raises(requests.exceptions.ReadTimeout):
-        requests.post(url + "/generate", json=body, headers=AUTH, timeout=(5, 0.5))
+    body = json.dumps({"text": "slow one", "sampling_params": {"max_new_tokens": 200, "temperature": 0,
+                                                               "ignore_eos": True}}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (host.encode(), API_KEY.encode(), len(body), body))
+        deadline = time.monotonic() + 60
+        while requests.get(url + "/server_info", headers=AUTH, timeout=10).json()[
+                "internal_states"][0]["num_running"] == 0:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.05)
     stats = wait_until_idle(url, AUTH, timeout=30)
     assert stats["num_free_pages"] == stats["total_pages"]
     assert metric(url, "sglang:num_aborted_requests_total") - aborted_before == 1

@@ -64,6 +64,7 @@ class _ReqState:
         self.sent_text = ""
         self.arrival = time.perf_counter()
         self.first_output_time: float | None = None
+        self.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
         self.done = False
 
 
@@ -291,15 +292,20 @@ class TokenizerManager:
     async def _next_snapshot(
         self, state: _ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None
     ) -> Snapshot | None:
-        """The latest snapshot (intermediate ones are cumulative, so they may be skipped)."""
+        """The latest snapshot (intermediate ones are cumulative, so they may be skipped), or
+        None when the client went away. The client is checked every DISCONNECT_POLL_S whether
+        or not snapshots keep coming."""
         while True:
+            if is_disconnected is not None and time.monotonic() >= state.next_disconnect_check:
+                state.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
+                if await is_disconnected():
+                    logger.info("client of %s disconnected; aborting it", state.req.rid)
+                    return None
             try:
                 snap = await asyncio.wait_for(state.queue.get(), timeout=DISCONNECT_POLL_S)
                 break
             except TimeoutError:
-                if is_disconnected is not None and await is_disconnected():
-                    logger.info("client of %s disconnected; aborting it", state.req.rid)
-                    return None
+                continue
         while not state.queue.empty() and snap.finished_reason is None:
             snap = state.queue.get_nowait()
         return snap
