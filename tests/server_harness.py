@@ -132,7 +132,7 @@ def launch_cli_server(args: list[str], log_path: Path, timeout: float = 300.0,
     process = subprocess.Popen(
         [sys.executable, "-m", "sgl_dflash.launch_server", *args, "--host", "127.0.0.1",
          "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, env=_env_sharing_jax_cache(),
     )
     handle = SubprocessServer(f"http://127.0.0.1:{port}", process, Path(log_path))
     deadline = time.monotonic() + timeout
@@ -148,6 +148,20 @@ def launch_cli_server(args: list[str], log_path: Path, timeout: float = 300.0,
             handle.stop()
             raise RuntimeError(f"launch_server did not come up in {timeout}s:\n{handle.log()}")
         time.sleep(0.5)
+
+
+def _env_sharing_jax_cache() -> dict[str, str]:
+    """The environment for a server subprocess: it uses the test session's persistent JAX
+    compilation cache when one is configured (same programs, no recompiling)."""
+    import jax
+
+    env = dict(os.environ)
+    cache_dir = jax.config.jax_compilation_cache_dir
+    if cache_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(jax.config.jax_persistent_cache_min_compile_time_secs)
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = str(jax.config.jax_persistent_cache_min_entry_size_bytes)
+    return env
 
 
 def wait_until_idle(base_url: str, headers: dict[str, str] | None = None, timeout: float = 60.0) -> dict:
