@@ -16,13 +16,7 @@ import numpy as np
 
 from jax_backend.batch import Batch
 from jax_backend.config import TargetConfig
-from jax_backend.paged_attention import (
-    attend_strips,
-    gather_kv_strips,
-    interleave_kv,
-    token_seq_ids,
-    write_kv,
-)
+from jax_backend.paged_attention import interleave_kv, prefix_block_attention, write_kv
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -89,20 +83,17 @@ def forward(
     """
     num_layers, num_pages, page_size, num_combined, head_dim = kv_pool.shape
     num_tokens = batch.tokens.shape[0]
-    max_seqs = batch.kv_lens.shape[0]
     hidden = config.hidden_size
     num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
     eps = config.rms_norm_eps
     dtype = params["embed"].dtype
 
-    # The pool is only READ inside the layer loop: each layer gathers its sequences' pages (layer
-    # l's pages are rows [l * num_pages, (l + 1) * num_pages) of the flat pool) and overlays this
-    # step's new K/V on the gathered strips. All new K/V are scattered into the pool once, after
-    # the loop. (Writing inside the loop and reading back made XLA:CPU copy the whole pool per
-    # layer for some shapes.) The result is identical to write-then-read paged attention.
+    # The pool is only READ inside the layer loop (layer l's pages are rows
+    # [l * num_pages, (l + 1) * num_pages) of the flat pool): attention takes the cached prefix
+    # from the pages and this step's K/V as arrays, and all new K/V are scattered into the pool
+    # once after the loop. Same result as write-then-read paged attention; writing inside the
+    # loop made XLA:CPU copy the whole pool per layer for some shapes.
     pool = kv_pool.reshape(num_layers * num_pages, page_size, num_combined, head_dim)
-    seq_of_token, token_valid = token_seq_ids(batch.cu_q_lens, batch.num_seqs, num_tokens)
-    strip_seq = jnp.where(token_valid, seq_of_token, max_seqs)  # padding rows: out of bounds, dropped
     cos, sin = rope_cos_sin(config, batch.positions, dtype)
 
     n_aux = len(aux_layer_ids)
@@ -123,14 +114,13 @@ def forward(
             k = rms_norm(k, w["k_norm"], eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-        keys, values = gather_kv_strips(pool, batch.page_indices + index * num_pages)
-        keys = keys.at[strip_seq, batch.positions].set(k, mode="drop")
-        values = values.at[strip_seq, batch.positions].set(v, mode="drop")
-        attn = attend_strips(
+        attn = prefix_block_attention(
             q,
-            keys,
-            values,
+            k,
+            v,
+            pool,
             batch.kv_lens,
+            batch.page_indices + index * num_pages,
             batch.cu_q_lens,
             batch.num_seqs,
             sm_scale=head_dim**-0.5,

@@ -14,7 +14,12 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import (
 )
 
 from jax_backend import BatchError, OutOfPages, PageAllocator, SeqInput, build_batch
-from jax_backend.paged_attention import interleave_kv, ragged_paged_attention, write_kv
+from jax_backend.paged_attention import (
+    interleave_kv,
+    prefix_block_attention,
+    ragged_paged_attention,
+    write_kv,
+)
 
 PAGE, NUM_PAGES, PAGES_PER_SEQ, HEAD_DIM = 4, 40, 8, 16
 
@@ -64,16 +69,22 @@ def _mixed_case(num_q_heads, num_kv_heads, seed=0):
     return {k: jnp.asarray(v) for k, v in arrays.items()}, specs
 
 
-def _ours(args, max_q_len):
-    fn = functools.partial(ragged_paged_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=max_q_len)
+def _ours(args, max_q_len, chunk_tokens=8):
+    fn = functools.partial(
+        ragged_paged_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=max_q_len, chunk_tokens=chunk_tokens
+    )
     return np.asarray(jax.jit(fn)(**args))
 
 
-@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 2), (3, 3), (8, 1)])
-def test_matches_dense_reference(num_q_heads, num_kv_heads):
+@pytest.mark.parametrize(
+    "num_q_heads, num_kv_heads, chunk_tokens",
+    # chunk 4 = one page per chunk, 8 = two pages, 256 = the whole page table in one chunk
+    [(4, 2, 8), (3, 3, 4), (8, 1, 256)],
+)
+def test_matches_dense_reference(num_q_heads, num_kv_heads, chunk_tokens):
     args, specs = _mixed_case(num_q_heads, num_kv_heads)
     real = int(args["cu_q_lens"][len(specs)])
-    ours = _ours(args, max_q_len=16)  # the bucketed bound the batch builder would pass
+    ours = _ours(args, max_q_len=16, chunk_tokens=chunk_tokens)  # the bound build_batch would pass
     np.testing.assert_allclose(_ours(args, max_q_len=None), ours, atol=1e-5, rtol=0)
     assert np.all(ours[real:] == 0)  # padding rows
 
@@ -109,6 +120,28 @@ def test_padding_and_stale_entries_are_ignored():
     noisy = dict(args, kv_pages=jnp.asarray(pool))
     out = _ours(noisy, max_q_len=16)
     np.testing.assert_allclose(out, base, atol=1e-6, rtol=0)
+
+
+def test_prefix_block_attention_equals_write_then_attend():
+    """The model's variant (prefix from the pages, new K/V as arrays) equals writing the new
+    K/V into the pages first; whatever the pages hold at the new positions is ignored."""
+    args, specs = _mixed_case(4, 2, seed=4)
+    rng = np.random.default_rng(5)
+    num_tokens = args["queries"].shape[0]
+    k = jnp.asarray(rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32))
+    v = jnp.asarray(rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32))
+    slots = np.zeros(num_tokens, np.int32)  # padding rows -> scratch page 0
+    for i, (q_len, kv_len) in enumerate(specs):
+        start = int(args["cu_q_lens"][i])
+        for j, pos in enumerate(range(kv_len - q_len, kv_len)):
+            slots[start + j] = int(args["page_indices"][i, pos // PAGE]) * PAGE + pos % PAGE
+    written = dict(args, kv_pages=write_kv(args["kv_pages"], interleave_kv(k, v), jnp.asarray(slots)))
+    expected = _ours(written, max_q_len=16)
+
+    fn = functools.partial(prefix_block_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=16, chunk_tokens=8)
+    rest = {name: value for name, value in args.items() if name != "queries"}
+    ours = np.asarray(jax.jit(fn)(args["queries"], k, v, **rest))  # pages: stale data at new slots
+    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
 
 
 def test_write_kv_scatters_to_slots_and_scratch():

@@ -49,8 +49,9 @@ def _ids(seed, n, vocab=256):
 
 
 def test_mixed_batch_matches_transformers(runner, hf):
-    """One forward holding a prefill, a 1-token decode and a 16-token verify block."""
-    a, b, c = _ids(10, 21), _ids(11, 31), _ids(12, 34)
+    """One forward holding a prefill (longer than one 256-token attention chunk), a 1-token
+    decode and a 16-token verify block."""
+    a, b, c = _ids(10, 270), _ids(11, 31), _ids(12, 34)
     alloc = runner.allocator
     tables = {name: alloc.allocate(name, len(ids)) for name, ids in (("a", a), ("b", b), ("c", c))}
     runner.forward([SeqInput(b[:30], 0, tables["b"]), SeqInput(c[:18], 0, tables["c"])])
