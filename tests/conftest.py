@@ -1,5 +1,6 @@
-"""Shared, session-scoped tiny checkpoints (built once; JAX compilations are then shared too)."""
+"""Shared, session-scoped tiny checkpoints (built once per test session)."""
 
+import numpy as np
 import pytest
 
 from tests.tiny_checkpoints import make_tiny_target
@@ -8,3 +9,111 @@ from tests.tiny_checkpoints import make_tiny_target
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory):
     return make_tiny_target(tmp_path_factory.mktemp("qwen3_target"), "qwen3", num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    return make_tiny_target(tmp_path_factory.mktemp("llama_target"), "llama", num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_model_dir(tmp_path_factory):
+    """A tiny Qwen3 target saved together with a small BPE tokenizer (vocabulary = the model's)."""
+    from pydoc_data.topics import topics
+
+    from sgl_dflash.default_model import train_tokenizer
+
+    path = tmp_path_factory.mktemp("qwen3_with_tokenizer")
+    texts = [topics[key] for key in sorted(topics)[:20]]
+    tokenizer = train_tokenizer(texts, vocab_size=320, out_dir=path)
+    make_tiny_target(path, "qwen3", num_hidden_layers=2, vocab_size=len(tokenizer),
+                     eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    return str(path), tokenizer
+
+
+def pytest_configure(config):
+    # Engines built by different tests compile the same programs: a session-wide persistent
+    # compilation cache lets later engines load them instead of recompiling (pure speed; a cache
+    # key is the whole program, so results are unchanged). Fresh per session: nothing stale.
+    import tempfile
+
+    import jax
+
+    cache_dir = tempfile.mkdtemp(prefix="sgl_dflash_jax_cache_")
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# -- speculative decoding: a 16-token-vocabulary target (random models then accept some drafts) --
+@pytest.fixture(scope="session")
+def spec_target_dir(tmp_path_factory):
+    return make_tiny_target(tmp_path_factory.mktemp("spec_target"), "qwen3", num_hidden_layers=3, vocab_size=16)
+
+
+# Drafters read the outputs of target layers 0 and 1 (two concatenated feature blocks). Not the
+# last layer: there transformers' hidden_states[-1] is final-normed while the JAX target's aux
+# output is not (see docs/interfaces.md), so the z-lab reference would see other features.
+DRAFT_LAYER_IDS = [0, 1]
+
+
+@pytest.fixture(scope="session")
+def random_draft_dir(tmp_path_factory, spec_target_dir):
+    from tests.tiny_draft import make_tiny_draft
+
+    return str(make_tiny_draft(tmp_path_factory.mktemp("random_draft"), spec_target_dir, block_size=16,
+                               target_layer_ids=DRAFT_LAYER_IDS))
+
+
+@pytest.fixture(scope="session")
+def engine_kwargs(spec_target_dir):
+    # One set of limits for every engine on the spec target: same shapes, shared compilations.
+    return dict(model_path=spec_target_dir, skip_tokenizer_init=True, max_total_tokens=4096,
+                max_running_requests=32, context_length=256, random_seed=0)
+
+
+@pytest.fixture(scope="session")
+def spec_prompts():
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, 16, size=n).tolist() for n in (3, 7, 12, 21)]
+
+
+@pytest.fixture(scope="session")
+def none_engine(engine_kwargs):
+    from sgl_dflash.engine import Engine
+
+    return Engine(**engine_kwargs)
+
+
+@pytest.fixture(scope="session")
+def trained_draft_dir(tmp_path_factory, spec_target_dir, none_engine):
+    """A drafter that accepts: trained briefly (sgl_dflash.train) on the target's greedy outputs."""
+    from sgl_dflash.train.core import train_drafter
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 16, size=int(rng.integers(3, 12))).tolist() for _ in range(32)]
+    outs = none_engine.generate(input_ids=prompts, sampling_params={
+        "temperature": 0.0, "max_new_tokens": 48, "ignore_eos": True})
+    sequences = [p + o["output_ids"] for p, o in zip(prompts, outs)]
+    masks = [[False] * len(p) + [True] * len(o["output_ids"]) for p, o in zip(prompts, outs)]
+    path = tmp_path_factory.mktemp("trained_draft")
+    train_drafter(spec_target_dir, path, sequences, loss_mask=masks, block_size=16, steps=40,
+                  target_layer_ids=DRAFT_LAYER_IDS, batch_size=8, num_anchors=16, lr=3e-3, progress=False)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def dflash_engine(engine_kwargs, trained_draft_dir):
+    """DFLASH engines with the trained drafter, one per block size, built on first use."""
+    from sgl_dflash.engine import Engine
+
+    engines = {}
+
+    def get(block_size: int) -> Engine:
+        if block_size not in engines:
+            engines[block_size] = Engine(
+                **engine_kwargs, speculative_algorithm="DFLASH",
+                speculative_draft_model_path=trained_draft_dir, speculative_num_draft_tokens=block_size)
+        return engines[block_size]
+
+    return get

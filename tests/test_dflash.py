@@ -1,0 +1,193 @@
+"""DFLASH end to end: lossless vs NONE (block sizes 2..16, batches of mixed lengths, stop rules cutting
+blocks), drafter/target state in lockstep after every step, partial and full acceptance with a trained
+drafter, and token-for-token + accept-length agreement with the z-lab reference `dflash_generate`."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from sgl_dflash.engine import Engine
+from sgl_dflash.schedule_batch import Req
+from tests.tiny_checkpoints import load_hf_model
+
+BLOCK_SIZES = [2, 4, 8, 16]
+
+
+def batch_requests(reference_outputs):
+    """4 prompts of mixed lengths with rules that end requests inside verify blocks."""
+    stop = reference_outputs[1][11]
+    return [
+        {"temperature": 0.0, "max_new_tokens": 29, "ignore_eos": True},
+        {"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True, "stop_token_ids": [stop]},
+        {"temperature": 0.0, "max_new_tokens": 23},  # may also end at the model's EOS
+        {"temperature": 0.0, "max_new_tokens": 37, "ignore_eos": True},
+    ]
+
+
+def reference_params(prompts):
+    return [{"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}] * len(prompts)
+
+
+@pytest.fixture(scope="module")
+def none_outputs(none_engine, spec_prompts):
+    base = [o["output_ids"] for o in none_engine.generate(input_ids=spec_prompts, sampling_params=reference_params(spec_prompts))]
+    params = batch_requests(base)
+    outs = none_engine.generate(input_ids=spec_prompts, sampling_params=params)
+    return params, [o["output_ids"] for o in outs], [o["meta_info"]["finish_reason"] for o in outs]
+
+
+def watch_steps(engine):
+    """Wrap the worker: after every prefill/decode, each live request's drafter committed length
+    must equal its target committed length; records (tokens offered, tokens kept) per append."""
+    worker, scheduler = engine.scheduler.worker, engine.scheduler
+    log = {"checks": 0, "cut": []}
+    prefill, decode, append = worker.prefill, worker.decode, scheduler._append
+
+    def checked(run):
+        def wrapper(reqs, append_fn):
+            result = run(reqs, append_fn)
+            live = [r for r in reqs if not r.finished]
+            for target_len, drafter_len in worker.committed_lens(live):
+                assert drafter_len == target_len
+                log["checks"] += 1
+            return result
+        return wrapper
+
+    def counting_append(req, tokens):
+        kept = append(req, tokens)
+        if kept < len(tokens):
+            log["cut"].append((req.finished_reason["type"], len(tokens), kept))
+        return kept
+
+    worker.prefill, worker.decode, scheduler._append = checked(prefill), checked(decode), counting_append
+    return log
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_greedy_dflash_is_lossless(block_size, dflash_engine, spec_prompts, none_outputs):
+    params, expected, reasons = none_outputs
+    engine = dflash_engine(block_size)
+    log = watch_steps(engine)
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == expected
+    assert [o["meta_info"]["finish_reason"] for o in outs] == reasons
+    assert reasons[1] == {"type": "stop", "matched": params[1]["stop_token_ids"][0]}
+    single = engine.generate(input_ids=spec_prompts[3], sampling_params=params[3])
+    assert single["output_ids"] == expected[3]
+    assert log["checks"] > 0
+    for out in outs:
+        info = out["meta_info"]
+        hist = info["spec_correct_drafts_histogram"]
+        assert len(hist) == block_size and sum(hist) == info["spec_verify_ct"]
+        assert info["spec_num_proposed_drafts"] == (block_size - 1) * info["spec_verify_ct"]
+        assert info["spec_num_correct_drafts"] == sum(a * n for a, n in enumerate(hist))
+        assert info["spec_accept_length"] == pytest.approx(info["completion_tokens"] / max(1, info["spec_verify_ct"]))
+        assert info["spec_accept_rate"] == pytest.approx(
+            info["spec_num_correct_drafts"] / max(1, info["spec_num_proposed_drafts"]))
+
+
+def test_stop_rules_cut_inside_blocks(dflash_engine, none_engine, spec_prompts):
+    """A stop token and max_new_tokens placed inside a verified block end the request there."""
+    engine = dflash_engine(16)
+    log = watch_steps(engine)
+    chunks = {}  # rid -> token lists handed over per step (prefill token, then a+1 per verify)
+    append = engine.scheduler._append
+
+    def recording_append(req, tokens):
+        chunks.setdefault(req.rid, []).append(list(tokens))
+        return append(req, tokens)
+
+    engine.scheduler._append = recording_append
+    free = engine.generate(input_ids=spec_prompts, sampling_params=reference_params(spec_prompts))
+    stop_cases, length_cases = [], []
+    for k, out in enumerate(free):
+        bounds, start = [], 0  # (first index, last index) of each chunk in the output
+        for chunk in chunks[out["meta_info"]["id"]]:
+            bounds.append((start, start + len(chunk) - 1))
+            start += len(chunk)
+        inside = {i for first, last in bounds for i in range(first, last)}  # not a chunk's last token
+        first_seen = {}
+        for i, token in enumerate(out["output_ids"]):
+            first_seen.setdefault(token, i)
+        stop_cases += [(k, t, i) for t, i in first_seen.items() if i in inside]
+        length_cases += [(k, i + 1) for i in sorted(inside) if i > 0]
+    assert stop_cases and length_cases, chunks
+    stop_case = stop_cases[0]
+    length_case = next((c for c in length_cases if c[0] != stop_case[0]), None)
+    assert length_case, (stop_cases, length_cases)
+
+    k, token, index = stop_case
+    n, limit = length_case
+    params = reference_params(spec_prompts)
+    params[k] = {**params[k], "stop_token_ids": [token]}
+    params[n] = {**params[n], "max_new_tokens": limit}
+    engine.scheduler._append = append
+    log = watch_steps(engine)
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    expected = none_engine.generate(input_ids=spec_prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
+    assert outs[k]["output_ids"] == free[k]["output_ids"][: index + 1]
+    assert outs[k]["meta_info"]["finish_reason"] == {"type": "stop", "matched": token}
+    assert outs[n]["meta_info"]["finish_reason"] == {"type": "length", "length": limit}
+    assert {kind for kind, offered, kept in log["cut"]} == {"stop", "length"}, log["cut"]
+
+
+def test_trained_drafter_accepts_partial_and_full_blocks(dflash_engine, spec_prompts, none_engine):
+    engine = dflash_engine(8)
+    params = reference_params(spec_prompts)
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [
+        o["output_ids"] for o in none_engine.generate(input_ids=spec_prompts, sampling_params=params)]
+    hist = np.sum([o["meta_info"]["spec_correct_drafts_histogram"] for o in outs], axis=0)
+    assert hist[0] > 0 and hist[1:7].sum() > 0 and hist[7] > 0, hist  # rejected, partial, full
+    assert engine.scheduler.get_stats()["avg_spec_accept_length"] > 1.0
+
+
+def test_random_drafter_is_lossless(spec_target_dir, random_draft_dir, spec_prompts, none_outputs, engine_kwargs):
+    params, expected, _ = none_outputs
+    engine = Engine(**engine_kwargs, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=random_draft_dir, speculative_num_draft_tokens=8)
+    log = watch_steps(engine)
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == expected
+    assert log["checks"] > 0
+
+
+@pytest.mark.parametrize("drafter, block_size", [("trained", 8), ("random", 4)])
+def test_matches_reference_dflash_generate(drafter, block_size, monkeypatch, dflash_engine, spec_target_dir,
+                                           random_draft_dir, trained_draft_dir, spec_prompts, engine_kwargs):
+    import dflash.model
+    from dflash.model import DFlashDraftModel, dflash_generate
+
+    monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)  # its stats timer needs CUDA
+    draft_dir = {"trained": trained_draft_dir, "random": random_draft_dir}[drafter]
+    engine = (dflash_engine(block_size) if drafter == "trained" else Engine(
+        **engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=draft_dir,
+        speculative_num_draft_tokens=block_size))
+    target = load_hf_model(spec_target_dir)
+    reference_drafter = DFlashDraftModel.from_pretrained(draft_dir, dtype=torch.float32).eval()
+
+    steps = []  # our correct-draft count per verify step, in order
+    record_verify = Req.record_verify
+
+    def recording(self, num_drafts, num_correct):
+        steps.append(num_correct)
+        record_verify(self, num_drafts, num_correct)
+
+    monkeypatch.setattr(Req, "record_verify", recording)
+    new_tokens = 40
+    for prompt in spec_prompts:
+        steps.clear()
+        ours = engine.generate(input_ids=prompt, sampling_params={
+            "temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True})
+        # Extra room so that every reference step we compare with verifies a full block.
+        ref = dflash_generate(reference_drafter, target, torch.tensor([prompt]), new_tokens + block_size,
+                              stop_token_ids=None, block_size=block_size, return_stats=True)
+        ref_tokens = ref.output_ids[0, len(prompt):].tolist()
+        ref_steps = [produced - 1 for produced in ref.acceptance_lengths][: len(steps)]
+        assert ours["output_ids"] == ref_tokens[:new_tokens]
+        assert steps == ref_steps
+        hist = np.bincount(ref_steps, minlength=block_size).tolist()
+        assert ours["meta_info"]["spec_correct_drafts_histogram"] == hist
