@@ -122,8 +122,6 @@ class GenerateRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    # Filled by the server: the context left for generation when the client gave no limit.
-    max_new_tokens_from_context: bool = False
 
 
 def new_request_id() -> str:
@@ -156,11 +154,10 @@ def normalize(obj: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
             return [default if v is None else v for v in value]
         return [default if value is None else value] * n
 
-    rids = per_prompt("rid", obj.rid, None)
-    if not is_batch and rids[0] is None:
-        rids = [new_request_id()]
-    elif is_batch and obj.rid is None:
+    if obj.rid is None:
         rids = [new_request_id() for _ in range(n)]
+    else:
+        rids = [rid if rid is not None else new_request_id() for rid in per_prompt("rid", obj.rid, None)]
     params = per_prompt("sampling_params", obj.sampling_params, None)
     return_logprob = per_prompt("return_logprob", obj.return_logprob, False)
     start_len = per_prompt("logprob_start_len", obj.logprob_start_len, -1)
@@ -170,7 +167,7 @@ def normalize(obj: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
     for i, prompt in enumerate(prompts):
         where = f"sampling_params[{i}]" if is_batch else "sampling_params"
         req = GenerateRequest(
-            rid=rids[i] if rids[i] is not None else new_request_id(),
+            rid=rids[i],
             sampling_params=to_sampling_params(params[i], where=where),
             stream=obj.stream,
             return_logprob=bool(return_logprob[i]),
