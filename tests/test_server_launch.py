@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import requests
 
 from sgl_dflash import launch_server
-from tests.server_harness import save_byte_tokenizer
+from sgl_dflash.server_args import ServerArgs
+from tests.server_harness import save_byte_tokenizer, start_in_process
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
@@ -71,3 +73,33 @@ def test_cli_exit_status_and_message(dirs):
     assert result.returncode == 2
     assert "--speculative-draft-model-path" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_skip_tokenizer_init_serves_token_ids_only(dirs):
+    # Same limits as test_server's server: with the session's compilation cache, no new programs.
+    args = ServerArgs(model_path=dirs["target"], skip_tokenizer_init=True, page_size=8,
+                      max_total_tokens=256, max_running_requests=16)
+    server = start_in_process(args)
+    try:
+        url = server.base_url
+        r = requests.post(url + "/generate", json={"input_ids": [5, 6, 7],
+                                                   "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert set(out) == {"output_ids", "meta_info"} and len(out["output_ids"]) == 4
+        info = requests.get(url + "/get_model_info", timeout=10).json()
+        assert info["tokenizer_path"] is None
+        for path, body, needle in [
+            ("/generate", {"text": "hi"}, "--skip-tokenizer-init"),
+            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+             "--skip-tokenizer-init"),
+            ("/v1/completions", {"model": "m", "prompt": "hi"}, "--skip-tokenizer-init"),
+        ]:
+            r = requests.post(url + path, json=body, timeout=30)
+            assert r.status_code == 400 and needle in r.json()["message"], r.text
+        r = requests.post(url + "/v1/completions", json={"model": "m", "prompt": [5, 6, 7], "max_tokens": 4,
+                                                         "temperature": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
+        assert r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        server.stop()
