@@ -153,3 +153,47 @@ def test_trained_drafter_is_accepted_more_than_random(trained, tiny_target):
     tau_random = reference_tau(untrained, tiny_target, held_out, 32)
     print(f"tau trained {tau_trained:.2f} random {tau_random:.2f}")
     assert tau_trained > tau_random + 0.5, (tau_trained, tau_random)
+
+
+def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
+    """Fused regenerate+features stage (resumable per batch), then training interrupted and resumed
+    gives bit-identical weights to an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from sgl_dflash.default_model import train_tokenizer
+    from sgl_dflash.train import pipeline
+
+    target = tmp_path / "target"
+    tok = train_tokenizer([f"add {i} and {i + 1} gives {2 * i + 1}" for i in range(100)], 200, target)
+    make_tiny_target(target, "llama", vocab_size=len(tok), hidden_size=32, num_hidden_layers=3,
+                     num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+    tok.save_pretrained(target)
+    prompts = [{"id": f"p{i}", "prompt": f"add {i} and {i + 2}", "source": "test"} for i in range(10)]
+    work = tmp_path / "work"
+    pipeline.regenerate_with_features(target, work, prompts[:6], [0, 1], max_new_tokens=10, batch_size=4)
+    pipeline.regenerate_with_features(target, work, prompts, [0, 1], max_new_tokens=10, batch_size=4)
+    rows = pipeline.read_responses(work / "responses.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(p["id"] for p in prompts)  # nothing twice
+    store = pipeline.FeatureStore(work / "features")
+    assert len(store) == 10
+    # Cached features == the target's layer outputs recomputed on the full sequence.
+    model = core.load_frozen_target(target)
+    tokens, mask, feats = store.items[-1]
+    expected = core.target_features(model, torch.as_tensor(tokens)[None], [0, 1])[0]
+    assert mask.sum() == len(tokens) - len(rows[-1]["prompt_ids"]) and mask[-1]
+    torch.testing.assert_close(feats[:-1].float(), expected[:-1], atol=2e-3, rtol=2e-3)
+
+    args = pipeline.TrainArgs(num_layers=1, block_size=4, steps=6, batch_size=2, num_anchors=4,
+                              save_every=2, holdout=2, lr=1e-3)
+    pipeline.train(target, work, tmp_path / "full", args)
+    full = load_file(tmp_path / "full" / "model.safetensors")
+    (work / "state.pt").unlink()
+    pipeline.train(target, work, tmp_path / "resumed", args, stop_after=3)
+    pipeline.train(target, work, tmp_path / "resumed", args)
+    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
+    assert full.keys() == resumed.keys()
+    for name in full:
+        assert torch.equal(full[name], resumed[name]), name
+    config = json.loads((tmp_path / "resumed" / "config.json").read_text())
+    assert config["training"]["steps_done"] == 6 and config["dtype"] == "bfloat16"
+    assert config["target"]["num_hidden_layers"] == 3

@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--num-anchors", type=int, default=16)
     g.add_argument("--lr", type=float, default=6e-4)
     g.add_argument("--save-every", type=int, default=50)
-    g.add_argument("--holdout", type=int, default=16)
+    g.add_argument("--holdout", type=int, default=8)
+    g.add_argument("--sampled-positions", type=int, default=5,
+                   help="loss offsets per step drawn with p ~ w_k (0: all B-1 offsets every step)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             num_layers=args.num_layers, block_size=args.block_size, target_layer_ids=tuple(layer_ids),
             mask_token_id=args.mask_token_id, steps=args.steps, batch_size=args.batch_size,
             num_anchors=args.num_anchors, lr=args.lr, seed=args.seed, save_every=args.save_every,
-            holdout=args.holdout)
+            holdout=args.holdout, sampled_positions=args.sampled_positions or None,
+            num_threads=args.num_threads)
         print(pipeline.train(target, work_dir, out, train_args))
 
 

@@ -309,7 +309,9 @@ class TrainArgs:
     lr: float = 6e-4
     seed: int = 0
     save_every: int = 50
-    holdout: int = 16  # sequences kept out of training to report held-out tau
+    holdout: int = 8  # sequences kept out of training to report held-out tau
+    sampled_positions: int | None = 5  # loss offsets per step, drawn with p ~ w_k (None: all B-1)
+    num_threads: int | None = None
 
 
 def train(
@@ -319,8 +321,12 @@ def train(
     args: TrainArgs,
     *,
     save_dtype: torch.dtype = torch.bfloat16,
+    stop_after: int | None = None,
 ) -> Path:
-    """Train (or resume) the drafter on the cached features; writes the z-lab checkpoint to out_dir."""
+    """Train (or resume) the drafter on the cached features; writes the z-lab checkpoint to out_dir.
+
+    `stop_after=n` ends this call after n more steps (state saved), e.g. to fit a time budget.
+    """
     work_dir, out_dir = Path(work_dir), Path(out_dir)
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
     feat_meta = json.loads((work_dir / "features" / "meta.json").read_text())
@@ -335,8 +341,13 @@ def train(
     embed, lm_head = core.target_embed_and_head(target)
     del target
 
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
     model = core.new_draft_model(config, seed=args.seed).train()
+    with torch.no_grad():  # start at the target's output scale: its final norm feeds the same lm_head
+        model.norm.weight.copy_(target_final_norm(target_dir))
     optimizer = core.make_optimizer(model, args.lr)
+    generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     step, log = 0, []
     state_path = work_dir / "state.pt"
@@ -348,6 +359,7 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["numpy_rng"]
         torch.set_rng_state(state["torch_rng"])
+        generator.set_state(state["loss_rng"])
         step, log = state["step"], state["log"]
     weights = core.loss_weights(args.block_size)
 
@@ -355,11 +367,13 @@ def train(
         tmp = state_path.with_suffix(".tmp")
         torch.save({"args": asdict(args), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                    "loss_rng": generator.get_state(),
                     "step": step, "log": log}, tmp)
         tmp.replace(state_path)
 
     bar = tqdm(total=args.steps, initial=step, desc="train drafter", unit="step")
-    while step < args.steps:
+    last = args.steps if stop_after is None else min(args.steps, step + stop_after)
+    while step < last:
         pick = rng.choice(len(train_items), size=args.batch_size, replace=False)
         items = [train_items[i] for i in pick]
         batch = core.make_batch([t for t, _, _ in items], [m for _, m, _ in items],
@@ -367,18 +381,31 @@ def train(
                                 num_anchors=args.num_anchors, rng=rng)
         if batch is None:
             continue
-        loss, stats = core.dflash_loss(model, embed, lm_head, batch, block_size=args.block_size, weights=weights)
+        loss, stats = core.dflash_loss(model, embed, lm_head, batch, block_size=args.block_size, weights=weights,
+                                       sampled_positions=args.sampled_positions, generator=generator)
         grad_norm = core.optimizer_step(model, optimizer, loss, core.lr_at(step, args.steps, args.lr))
         step += 1
         log.append({"step": step, "loss": stats["loss"], "tau": stats["tau"], "grad_norm": grad_norm})
         bar.update()
-        bar.set_postfix(loss=f"{stats['loss']:.3f}", tau=f"{stats['tau']:.2f}")
-        if step % args.save_every == 0 or step == args.steps:
+        bar.set_postfix(loss=f"{stats['loss']:.3f}")
+        if step % args.save_every == 0 or step == last:
             save_state()
             _save_output(model, config, out_dir, target_dir, args, store, log, held_out, embed, lm_head,
                          save_dtype)
     bar.close()
     return out_dir
+
+
+def target_final_norm(target_dir: str | os.PathLike) -> torch.Tensor:
+    from safetensors import safe_open
+
+    index = Path(target_dir) / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    for name in files:
+        with safe_open(str(Path(target_dir) / name), "pt") as f:
+            if "model.norm.weight" in f.keys():
+                return f.get_tensor("model.norm.weight").to(torch.float32)
+    raise core.TrainingDataError(f"{target_dir} has no model.norm.weight")
 
 
 @torch.no_grad()
@@ -391,7 +418,7 @@ def held_out_stats(model, embed, lm_head, items, block_size: int, seed: int = 12
     rng = np.random.default_rng(seed)
     batch = core.make_batch([t for t, _, _ in items], [m for _, m, _ in items],
                             [f.to(torch.float32) for _, _, f in items], block_size=block_size,
-                            num_anchors=32, rng=rng)
+                            num_anchors=8, rng=rng)
     _, stats = core.dflash_loss(model, embed, lm_head, batch, block_size=block_size,
                                 weights=core.loss_weights(block_size))
     model.train()
@@ -410,7 +437,6 @@ def _save_output(model, config, out_dir, target_dir, args, store, log, held_out,
                      "grad_clip": 1.0, "loss_gamma": core.loss_gamma(args.block_size),
                      "data": "target-regenerated responses (greedy) to sharegpt/MATH-train/python-stdlib prompts",
                      "num_sequences": len(store), "recent_train_loss": float(np.mean([r["loss"] for r in recent])),
-                     "recent_train_tau": float(np.nanmean([r["tau"] for r in recent])),
                      "held_out": held_out_stats(model, embed, lm_head, held_out, args.block_size),
                      "date": time.strftime("%Y-%m-%d %H:%M")},
     }
