@@ -52,13 +52,11 @@ def build_model(path: Path, num_layers: int) -> LlamaForCausalLM:
     return model
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def bench_decode(runner, hf, prompt, new_tokens, progress) -> dict:
@@ -110,17 +108,27 @@ def bench_verify_curve(runner, hf, context, ks, repeats, progress) -> dict:
     for k in ks:
         block = rng.integers(0, vocab, k).tolist()
         seq = [SeqInput(block, context, table, logits="all")]
-        runner.forward(seq)  # compile this bucket outside the timing
-        ours = _median_time(lambda: runner.forward(seq), repeats)
+
+        def ours_step():
+            runner.forward(seq)
 
         def theirs_step():
             with torch.no_grad():
                 hf(torch.tensor([block]), past_key_values=cache, use_cache=True)
             cache.crop(context - cache.get_seq_length())  # roll back to `context` (negative = drop)
 
-        theirs_step()
-        theirs = _median_time(theirs_step, repeats)
-        rows.append({"K": k, "ours_s": ours, "transformers_s": theirs})
+        ours_step(), theirs_step()  # warm-up (compiles this bucket)
+        ours, theirs = [], []
+        for _ in range(repeats):  # interleaved, so both see the same background load
+            ours.append(_timed(ours_step))
+            theirs.append(_timed(theirs_step))
+        rows.append({
+            "K": k,
+            "ours_s": statistics.median(t[0] for t in ours),
+            "transformers_s": statistics.median(t[0] for t in theirs),
+            "ours_cpu_s": statistics.median(t[1] for t in ours),
+            "transformers_cpu_s": statistics.median(t[1] for t in theirs),
+        })
         progress.update(1)
     runner.allocator.free("v")
     base_ours, base_theirs = rows[0]["ours_s"], rows[0]["transformers_s"]
@@ -141,8 +149,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="intra-op threads for BOTH frameworks (torch.set_num_threads; XLA single-threaded "
+        "Eigen when 1). Default 1: on a shared 2-core machine multi-threaded torch collapses "
+        "under contention. 0 keeps each framework's default.",
+    )
     parser.add_argument("--out", default="bench_results/target.json")
     args = parser.parse_args(argv)
+    if args.threads == 1:  # read when the JAX CPU backend starts (first array below)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.context + max(args.ks) > args.max_model_len:
         parser.error("--context + max(--ks) must fit in --max-model-len")
 
@@ -166,7 +184,9 @@ def main(argv=None) -> dict:
         "config": {**SMOLLM2_135M, "num_hidden_layers": args.layers},
         "ours": {"page_size": args.page_size, "max_model_len": args.max_model_len, "dtype": "float32"},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads()},
+                    "threads_arg": args.threads, "torch_threads": torch.get_num_threads(),
+                    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                    "load_average_at_end": os.getloadavg()},
         "decode": decode,
         "verify_curve": curve,
         "compilations": runner.num_compilations(),
@@ -174,7 +194,7 @@ def main(argv=None) -> dict:
     print(f"\nGreedy decode ({args.new_tokens} tokens after a {args.prompt_len}-token prompt):")
     print(f"  ours {decode['ours_tokens_per_s']:.1f} tok/s   transformers {decode['transformers_tokens_per_s']:.1f} tok/s"
           f"   speedup x{decode['speedup']:.2f}   same tokens: {decode['same_greedy_tokens']}")
-    print(f"\nVerify cost at context {args.context} (median of {args.repeats}):")
+    print(f"\nVerify cost at context {args.context} (median wall time of {args.repeats}, interleaved):")
     print(f"  {'K':>3} {'ours ms':>9} {'c(K) ours':>10} {'hf ms':>9} {'c(K) hf':>8} {'ours/hf':>8}")
     for row in curve["rows"]:
         print(f"  {row['K']:>3} {row['ours_s'] * 1e3:>9.2f} {row['ours_cost']:>10.2f} "
