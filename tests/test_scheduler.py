@@ -29,22 +29,30 @@ def engine(request, none_engine, dflash_engine):
     return none_engine if request.param == "NONE" else dflash_engine(4)
 
 
-def test_page_budget_smaller_than_load(engine):
-    """32 requests whose KV needs exceed the pool: all finish with the outputs they get alone."""
-    scheduler = engine.scheduler
+NEW_TOKENS = 150
+
+
+@pytest.fixture(scope="module")
+def heavy_load(none_engine):
+    """32 prompts whose KV needs exceed the pool (about 1.6x), and their greedy outputs computed 8
+    at a time (which fits); greedy DFLASH must produce the same (lossless)."""
     rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, 16, size=int(rng.integers(8, 30))).tolist() for _ in range(32)]
-    new_tokens = 200
-    need = sum(-(-(len(p) + new_tokens + scheduler.worker.tokens_per_step) // 16) for p in prompts)
-    assert need > scheduler.total_pages  # the load does not fit at once
-
+    prompts = [rng.integers(0, 16, size=int(rng.integers(60, 100))).tolist() for _ in range(32)]
     expected = []
-    for group in range(0, 32, 8):  # 8 at a time fit comfortably
-        outs = engine.generate(input_ids=prompts[group : group + 8], sampling_params={
-            "temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True})
+    for group in range(0, 32, 8):
+        outs = none_engine.generate(input_ids=prompts[group : group + 8], sampling_params={
+            "temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True})
         expected += [o["output_ids"] for o in outs]
-    retractions_before = scheduler.get_stats()["num_retractions"]
+    return prompts, expected
 
+
+def test_page_budget_smaller_than_load(engine, heavy_load):
+    """All requests finish with the outputs they get with enough memory; pages come back."""
+    scheduler = engine.scheduler
+    prompts, expected = heavy_load
+    need = sum(-(-(len(p) + NEW_TOKENS + scheduler.worker.tokens_per_step) // 16) for p in prompts)
+    assert need > scheduler.total_pages  # the load does not fit at once
+    retractions_before = scheduler.get_stats()["num_retractions"]
     seen = {"waiting_after_retraction": False}
 
     def on_step(progressed):
@@ -52,10 +60,10 @@ def test_page_budget_smaller_than_load(engine):
         if stats["num_retractions"] > retractions_before and stats["num_waiting"] and stats["num_running"]:
             seen["waiting_after_retraction"] = True
 
-    reqs = [Req(f"budget-{i}", p, greedy(new_tokens)) for i, p in enumerate(prompts)]
+    reqs = [Req(f"budget-{i}", p, greedy(NEW_TOKENS)) for i, p in enumerate(prompts)]
     run_to_completion(scheduler, reqs, on_step)
     assert [r.output_ids for r in reqs] == expected
-    assert all(r.finished_reason == {"type": "length", "length": new_tokens} for r in reqs)
+    assert all(r.finished_reason == {"type": "length", "length": NEW_TOKENS} for r in reqs)
     assert scheduler.get_stats()["num_retractions"] > retractions_before
     assert any(r.num_retractions for r in reqs)
     assert seen["waiting_after_retraction"]
