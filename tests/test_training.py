@@ -187,7 +187,6 @@ def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
                               save_every=2, holdout=2, lr=1e-3)
     pipeline.train(target, work, tmp_path / "full", args)
     full = load_file(tmp_path / "full" / "model.safetensors")
-    (work / "state.pt").unlink()
     pipeline.train(target, work, tmp_path / "resumed", args, stop_after=3)
     pipeline.train(target, work, tmp_path / "resumed", args)
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")

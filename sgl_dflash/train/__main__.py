@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--lr", type=float, default=6e-4)
     g.add_argument("--save-every", type=int, default=50)
     g.add_argument("--holdout", type=int, default=8)
+    g.add_argument("--init-from", default=None, help="start from this drafter checkpoint's weights")
+    g.add_argument("--init-layers-from-target", action="store_true",
+                   help="warm start: copy the target's last layers into the drafter")
     g.add_argument("--sampled-positions", type=int, default=5,
                    help="loss offsets per step drawn with p ~ w_k (0: all B-1 offsets every step)")
     parser.add_argument("--seed", type=int, default=0)
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
             mask_token_id=args.mask_token_id, steps=args.steps, batch_size=args.batch_size,
             num_anchors=args.num_anchors, lr=args.lr, seed=args.seed, save_every=args.save_every,
             holdout=args.holdout, sampled_positions=args.sampled_positions or None,
-            num_threads=args.num_threads)
+            num_threads=args.num_threads, init_from=args.init_from,
+            init_layers_from_target=args.init_layers_from_target)
         print(pipeline.train(target, work_dir, out, train_args))
 
 

@@ -309,6 +309,8 @@ class TrainArgs:
     lr: float = 6e-4
     seed: int = 0
     save_every: int = 50
+    init_from: str | None = None  # start from this drafter checkpoint's weights (new optimizer)
+    init_layers_from_target: bool = False  # copy the target's last layers into the drafter layers
     holdout: int = 8  # sequences kept out of training to report held-out tau
     sampled_positions: int | None = 5  # loss offsets per step, drawn with p ~ w_k (None: all B-1)
     num_threads: int | None = None
@@ -336,6 +338,7 @@ def train(
     config = core.build_draft_config(target_config, num_layers=args.num_layers, block_size=args.block_size,
                                      target_layer_ids=layer_ids, mask_token_id=args.mask_token_id)
     store = FeatureStore(work_dir / "features")
+    num_shards = len(list((work_dir / "features").glob("shard_*.safetensors")))
     train_items, held_out = store.items[args.holdout:], store.items[: args.holdout]
     target = core.load_frozen_target(target_dir)
     embed, lm_head = core.target_embed_and_head(target)
@@ -346,11 +349,17 @@ def train(
     model = core.new_draft_model(config, seed=args.seed).train()
     with torch.no_grad():  # start at the target's output scale: its final norm feeds the same lm_head
         model.norm.weight.copy_(target_final_norm(target_dir))
+    if args.init_layers_from_target:
+        init_from_target_layers(model, target_dir, layer_ids)
+    if args.init_from:
+        init = load_file(str(Path(args.init_from) / "model.safetensors"))
+        model.load_state_dict({k: v.to(torch.float32) for k, v in init.items()})
     optimizer = core.make_optimizer(model, args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     step, log = 0, []
-    state_path = work_dir / "state.pt"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state_path = out_dir / "train_state.pt"  # next to the checkpoint: runs with other outputs don't clash
     if state_path.is_file():
         state = torch.load(state_path, weights_only=False)
         if state["args"] != asdict(args):
@@ -390,10 +399,43 @@ def train(
         bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if step % args.save_every == 0 or step == last:
             save_state()
+            # Shards written since (a regenerate run still going) join the training set here.
+            if len(list((work_dir / "features").glob("shard_*.safetensors"))) != num_shards:
+                store = FeatureStore(work_dir / "features")
+                num_shards = len(list((work_dir / "features").glob("shard_*.safetensors")))
+                train_items = store.items[args.holdout:]
             _save_output(model, config, out_dir, target_dir, args, store, log, held_out, embed, lm_head,
                          save_dtype)
     bar.close()
     return out_dir
+
+
+def init_from_target_layers(model: torch.nn.Module, target_dir: str | os.PathLike, layer_ids: Sequence[int]) -> None:
+    """Warm start for tiny data budgets: drafter layer i <- target layer n-L+i (same shapes: the
+    drafter mirrors the target's geometry), `fc` reads the deepest captured layer, and
+    `hidden_norm` takes the first copied layer's input norm, so context K/V start out as that
+    target layer would compute them. q_norm/k_norm (absent in Llama) start at one."""
+    from safetensors import safe_open
+
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    n, num = config["num_hidden_layers"], len(model.layers)
+    index = Path(target_dir) / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        with safe_open(str(Path(target_dir) / name), "pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys() if k.startswith("model.layers.")})
+    hidden = config["hidden_size"]
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            src = f"model.layers.{n - num + i}."
+            for name, param in layer.named_parameters():
+                if src + name in tensors:
+                    param.copy_(tensors[src + name].to(param.dtype))
+        deepest = int(np.argmax(layer_ids))
+        model.fc.weight.zero_()
+        model.fc.weight[:, deepest * hidden : (deepest + 1) * hidden] = torch.eye(hidden)
+        model.hidden_norm.weight.copy_(tensors[f"model.layers.{n - num}.input_layernorm.weight"])
 
 
 def target_final_norm(target_dir: str | os.PathLike) -> torch.Tensor:
