@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +197,24 @@ def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
     config = json.loads((tmp_path / "resumed" / "config.json").read_text())
     assert config["training"]["steps_done"] == 6 and config["dtype"] == "bfloat16"
     assert config["target"]["num_hidden_layers"] == 3
+
+
+def test_init_from_target_layers_copies_the_last_layers(tiny_target):
+    from safetensors.torch import load_file
+
+    from sgl_dflash.train import pipeline
+
+    config = core.build_draft_config(json.loads((Path(tiny_target) / "config.json").read_text()),
+                                     num_layers=2, block_size=4, target_layer_ids=[0, 2])
+    model = core.new_draft_model(config)
+    pipeline.init_from_target_layers(model, tiny_target, [0, 2])
+    target = load_file(str(Path(tiny_target) / "model.safetensors"))
+    for i, src in enumerate((2, 3)):  # 4 target layers: the drafter's 2 layers <- layers 2 and 3
+        for name in ("self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
+                     "input_layernorm.weight"):
+            assert torch.equal(model.layers[i].get_parameter(name), target[f"model.layers.{src}.{name}"])
+        assert torch.equal(model.layers[i].self_attn.q_norm.weight, torch.ones(16))
+    hidden = 64
+    features = torch.randn(3, 2 * hidden)
+    assert torch.equal(model.fc(features), features[:, hidden:])  # reads the deepest layer (id 2)
+    assert torch.equal(model.hidden_norm.weight, target["model.layers.2.input_layernorm.weight"])
