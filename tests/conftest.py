@@ -117,3 +117,21 @@ def dflash_engine(engine_kwargs, trained_draft_dir):
         return engines[block_size]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def spec_target_with_tokenizer(tmp_path_factory, spec_target_dir):
+    """The spec target plus a word-level tokenizer ("t0" .. "t15", decoded space-separated), so
+    that stop strings can be tested; same weights and config, so compiled programs are shared."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("spec_target_tok")
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(f"{spec_target_dir}/{name}", path / name)
+    core = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(16)}, unk_token="t0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="t2").save_pretrained(path)
+    return str(path)

@@ -38,9 +38,10 @@ def none_outputs(none_engine, spec_prompts):
     return params, [o["output_ids"] for o in outs], [o["meta_info"]["finish_reason"] for o in outs]
 
 
-def watch_steps(engine):
-    """Wrap the worker: after every prefill/decode, each live request's drafter committed length
-    must equal its target committed length; records (tokens offered, tokens kept) per append."""
+def watch_steps(engine, monkeypatch):
+    """Wrap the worker (until the test ends): after every prefill/decode, each live request's
+    drafter committed length must equal its target committed length; records (tokens offered,
+    tokens kept) of every append that cut tokens."""
     worker, scheduler = engine.scheduler.worker, engine.scheduler
     log = {"checks": 0, "cut": []}
     prefill, decode, append = worker.prefill, worker.decode, scheduler._append
@@ -61,15 +62,17 @@ def watch_steps(engine):
             log["cut"].append((req.finished_reason["type"], len(tokens), kept))
         return kept
 
-    worker.prefill, worker.decode, scheduler._append = checked(prefill), checked(decode), counting_append
+    monkeypatch.setattr(worker, "prefill", checked(prefill))
+    monkeypatch.setattr(worker, "decode", checked(decode))
+    monkeypatch.setattr(scheduler, "_append", counting_append)
     return log
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-def test_greedy_dflash_is_lossless(block_size, dflash_engine, spec_prompts, none_outputs):
+def test_greedy_dflash_is_lossless(block_size, dflash_engine, spec_prompts, none_outputs, monkeypatch):
     params, expected, reasons = none_outputs
     engine = dflash_engine(block_size)
-    log = watch_steps(engine)
+    log = watch_steps(engine, monkeypatch)
     outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == expected
     assert [o["meta_info"]["finish_reason"] for o in outs] == reasons
@@ -88,11 +91,19 @@ def test_greedy_dflash_is_lossless(block_size, dflash_engine, spec_prompts, none
             info["spec_num_correct_drafts"] / max(1, info["spec_num_proposed_drafts"]))
 
 
-def test_stop_rules_cut_inside_blocks(dflash_engine, none_engine, spec_prompts):
-    """A stop token and max_new_tokens placed inside a verified block end the request there."""
-    engine = dflash_engine(16)
-    log = watch_steps(engine)
-    chunks = {}  # rid -> token lists handed over per step (prefill token, then a+1 per verify)
+def chunk_bounds(chunks):
+    """(first index, last index) in the output of each token list handed over in one step."""
+    bounds, start = [], 0
+    for chunk in chunks:
+        bounds.append((start, start + len(chunk) - 1))
+        start += len(chunk)
+    return bounds
+
+
+def record_chunks(engine):
+    """Record the token lists handed over per step (prefill token, then a+1 per verify) by rid.
+    Returns (chunks, stop_recording)."""
+    chunks = {}
     append = engine.scheduler._append
 
     def recording_append(req, tokens):
@@ -100,13 +111,22 @@ def test_stop_rules_cut_inside_blocks(dflash_engine, none_engine, spec_prompts):
         return append(req, tokens)
 
     engine.scheduler._append = recording_append
+
+    def stop():
+        engine.scheduler._append = append
+
+    return chunks, stop
+
+
+def test_stop_rules_cut_inside_blocks(dflash_engine, none_engine, spec_prompts, monkeypatch):
+    """A stop token and max_new_tokens placed inside a verified block end the request there."""
+    engine = dflash_engine(16)
+    chunks, stop_recording = record_chunks(engine)
     free = engine.generate(input_ids=spec_prompts, sampling_params=reference_params(spec_prompts))
+    stop_recording()
     stop_cases, length_cases = [], []
     for k, out in enumerate(free):
-        bounds, start = [], 0  # (first index, last index) of each chunk in the output
-        for chunk in chunks[out["meta_info"]["id"]]:
-            bounds.append((start, start + len(chunk) - 1))
-            start += len(chunk)
+        bounds = chunk_bounds(chunks[out["meta_info"]["id"]])
         inside = {i for first, last in bounds for i in range(first, last)}  # not a chunk's last token
         first_seen = {}
         for i, token in enumerate(out["output_ids"]):
@@ -123,8 +143,7 @@ def test_stop_rules_cut_inside_blocks(dflash_engine, none_engine, spec_prompts):
     params = reference_params(spec_prompts)
     params[k] = {**params[k], "stop_token_ids": [token]}
     params[n] = {**params[n], "max_new_tokens": limit}
-    engine.scheduler._append = append
-    log = watch_steps(engine)
+    log = watch_steps(engine, monkeypatch)
     outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
     expected = none_engine.generate(input_ids=spec_prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
@@ -132,6 +151,48 @@ def test_stop_rules_cut_inside_blocks(dflash_engine, none_engine, spec_prompts):
     assert outs[k]["meta_info"]["finish_reason"] == {"type": "stop", "matched": token}
     assert outs[n]["meta_info"]["finish_reason"] == {"type": "length", "length": limit}
     assert {kind for kind, offered, kept in log["cut"]} == {"stop", "length"}, log["cut"]
+
+
+def test_stop_strings_cut_inside_blocks(spec_target_with_tokenizer, trained_draft_dir, engine_kwargs, spec_prompts,
+                                       monkeypatch):
+    """A stop string completed by a token inside a verified block ends the request there; the text
+    stops before the string, and everything equals NONE's."""
+    kwargs = {**engine_kwargs, "model_path": spec_target_with_tokenizer, "skip_tokenizer_init": False}
+    none = Engine(**kwargs)
+    engine = Engine(**kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
+                    speculative_num_draft_tokens=16)
+    tokenizer = engine.tokenizer
+    chunks, stop_recording = record_chunks(engine)
+    params = {"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}
+    free = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    stop_recording()
+    case = None
+    for k, out in enumerate(free):
+        ids = out["output_ids"]
+        inside = {i for first, last in chunk_bounds(chunks[out["meta_info"]["id"]]) for i in range(first, last)}
+        for i in sorted(inside):
+            if i == 0:
+                continue
+            stop = tokenizer.decode(ids[i - 1 : i + 1])  # two tokens, e.g. "t7 t3"
+            first = next(j for j in range(len(ids)) if stop in tokenizer.decode(ids[: j + 1]))
+            if first in inside:
+                case = (k, stop, first)
+                break
+        if case:
+            break
+    assert case, chunks
+    k, stop, index = case
+    log = watch_steps(engine, monkeypatch)
+    cut_params = [params] * len(spec_prompts)
+    cut_params[k] = {**params, "stop": stop}
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=cut_params)
+    expected = none.generate(input_ids=spec_prompts, sampling_params=cut_params)
+    assert [(o["output_ids"], o["text"]) for o in outs] == [(o["output_ids"], o["text"]) for o in expected]
+    full_text = free[k]["text"]
+    assert outs[k]["output_ids"] == free[k]["output_ids"][: index + 1]
+    assert outs[k]["text"] == full_text[: full_text.index(stop)]
+    assert outs[k]["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert "stop" in {kind for kind, offered, kept in log["cut"]}, log["cut"]
 
 
 def test_trained_drafter_accepts_partial_and_full_blocks(dflash_engine, spec_prompts, none_engine):
@@ -145,11 +206,11 @@ def test_trained_drafter_accepts_partial_and_full_blocks(dflash_engine, spec_pro
     assert engine.scheduler.get_stats()["avg_spec_accept_length"] > 1.0
 
 
-def test_random_drafter_is_lossless(spec_target_dir, random_draft_dir, spec_prompts, none_outputs, engine_kwargs):
+def test_random_drafter_is_lossless(random_draft_dir, spec_prompts, none_outputs, engine_kwargs, monkeypatch):
     params, expected, _ = none_outputs
     engine = Engine(**engine_kwargs, speculative_algorithm="DFLASH",
                     speculative_draft_model_path=random_draft_dir, speculative_num_draft_tokens=8)
-    log = watch_steps(engine)
+    log = watch_steps(engine, monkeypatch)
     outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == expected
     assert log["checks"] > 0
