@@ -218,3 +218,22 @@ def test_init_from_target_layers_copies_the_last_layers(tiny_target):
     features = torch.randn(3, 2 * hidden)
     assert torch.equal(model.fc(features), features[:, hidden:])  # reads the deepest layer (id 2)
     assert torch.equal(model.hidden_norm.weight, target["model.layers.2.input_layernorm.weight"])
+
+
+def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
+    import sgl_dflash
+    from sgl_dflash import model_import
+    from torchax_proposer import load_draft_model
+
+    asset = Path(sgl_dflash.__file__).parent / "assets" / "smollm2-135m-dflash"
+    config = json.loads((asset / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["dtype"] == "bfloat16"
+    assert config["dflash_config"]["block_size"] == 16
+    assert config["target"]["name"] == "SmolLM2-135M-Instruct"
+    for key in ("lr", "steps_done", "loss_gamma", "data", "held_out", "num_sequences"):
+        assert key in config["training"], key
+    assert (asset / "model.safetensors").stat().st_size < 50 * 2**20
+    converted = model_import.default_model_dir() / "config.json"
+    target = json.loads(converted.read_text()) if converted.is_file() else config["target"]
+    model = load_draft_model(asset, {k: target[k] for k in ("hidden_size", "vocab_size", "num_hidden_layers")})
+    assert model.block_size == 16 and model.target_layer_ids == config["dflash_config"]["target_layer_ids"]
