@@ -49,7 +49,7 @@ class DefaultModelSpec:
     answer_tokens: int = 96  # greedy answer length the drafter is trained on
     draft_layers: int = 1
     draft_block_size: int = 16
-    draft_steps: int = 200
+    draft_steps: int = 600
     draft_lr: float = 3e-3
     seed: int = 0
 

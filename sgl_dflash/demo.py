@@ -23,7 +23,7 @@ QUESTIONS = [
     "Explain The \"for\" statement.",
     "Explain The \"while\" statement.",
     "Explain Boolean operations.",
-    "Explain The \"import\" statement.",
+    "Explain The \"break\" statement.",
 ]
 
 

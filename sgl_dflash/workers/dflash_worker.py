@@ -101,7 +101,7 @@ class DFlashWorker(ARWorker):
             drafts = self.proposer.propose(slots, bonus)
         else:
             drafts, draft_logits = self.proposer.propose(slots, bonus, return_logits=True)
-            draft_probs, drafts = self._sample_drafts(np.asarray(draft_logits), drafts, reqs)
+            draft_probs, drafts = self._sample_drafts(np.asarray(draft_logits), reqs)
         drafts = np.asarray(drafts, np.int32)
         t1 = time.perf_counter()
 
@@ -145,7 +145,7 @@ class DFlashWorker(ARWorker):
             self.timings[phase] += seconds
         self.timings["steps"] += 1
 
-    def _sample_drafts(self, draft_logits: np.ndarray, drafts: np.ndarray, reqs: list[Req]):
+    def _sample_drafts(self, draft_logits: np.ndarray, reqs: list[Req]) -> tuple[jax.Array, np.ndarray]:
         """Draft tokens ~ q, with q the same transform of the draft logits as the target's p.
 
         Returns q [rows, B-1, V] (bucketed rows) and the drafts [n, B-1]."""
