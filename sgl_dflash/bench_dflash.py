@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from sgl_dflash.default_model import ensure_default_model, use_compilation_cache
-from sgl_dflash.demo import QUESTIONS
+from sgl_dflash.demo import QUESTIONS, chat_prompts
 from sgl_dflash.engine import Engine
 
 PHASES = ("draft", "verify", "accept", "commit")
@@ -100,9 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         engines[f"DFLASH-b{block_size}"] = Engine(
             **common, speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
             speculative_num_draft_tokens=block_size)
-    tokenizer = engines["NONE"].tokenizer
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                             add_generation_prompt=True) for q in QUESTIONS]
+    prompts = chat_prompts(engines["NONE"].tokenizer, QUESTIONS)
 
     rows = []
     for batch_size in args.batch_sizes:

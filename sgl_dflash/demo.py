@@ -16,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from sgl_dflash.default_model import CACHE_DIR, ensure_default_model, use_compilation_cache
+from sgl_dflash.default_model import ensure_default_model, use_compilation_cache
 from sgl_dflash.engine import Engine
 
 QUESTIONS = [
@@ -25,6 +25,14 @@ QUESTIONS = [
     "Explain Boolean operations.",
     "Explain The \"break\" statement.",
 ]
+
+
+def chat_prompts(tokenizer: Any, questions: list[str]) -> list[str]:
+    """Each question as a user turn with the tokenizer's chat template (as is without one)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return list(questions)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                          add_generation_prompt=True) for q in questions]
 
 
 def run(engine: Engine, prompts: list[str], max_new_tokens: int) -> tuple[list[dict[str, Any]], float]:
@@ -41,20 +49,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=8, help="DFLASH block size (drafter trained at 16)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--model-path", default=None, help="another target (default: the embedded pair)")
+    parser.add_argument("--draft-path", default=None, help="its DFlash drafter")
+    parser.add_argument("--questions", nargs="+", default=QUESTIONS)
     args = parser.parse_args(argv)
 
     use_compilation_cache()
-    model = ensure_default_model()
-    common = dict(model_path=model.target_dir, context_length=512, max_total_tokens=4096,
+    if args.model_path is None:
+        model = ensure_default_model()
+        args.model_path, args.draft_path = model.target_dir, model.draft_dir
+    common = dict(model_path=args.model_path, context_length=512, max_total_tokens=4096,
                   max_running_requests=4, random_seed=0)
     engines = {
         "NONE": Engine(**common),
         "DFLASH": Engine(**common, speculative_algorithm="DFLASH",
-                         speculative_draft_model_path=model.draft_dir, speculative_num_draft_tokens=args.block_size),
+                         speculative_draft_model_path=args.draft_path, speculative_num_draft_tokens=args.block_size),
     }
-    tokenizer = engines["NONE"].tokenizer
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                             add_generation_prompt=True) for q in QUESTIONS]
+    prompts = chat_prompts(engines["NONE"].tokenizer, args.questions)
     results: dict[str, Any] = {}
     for name, engine in engines.items():
         print(f"[{name}] warm-up (compiles) ...", flush=True)
@@ -69,12 +80,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     none, dflash = results["NONE"], results["DFLASH"]
     same = [a["output_ids"] == b["output_ids"] for a, b in zip(none["outputs"], dflash["outputs"])]
-    for question, out, match in zip(QUESTIONS, dflash["outputs"], same):
+    for question, out, match in zip(args.questions, dflash["outputs"], same):
         print(f"\n### {question}\n{out['text'].strip()}\n"
               f"[{out['meta_info']['completion_tokens']} tokens, accept length "
               f"{out['meta_info']['spec_accept_length']:.2f}, identical to NONE: {match}]")
     summary = {
-        "model": str(CACHE_DIR),
+        "model": args.model_path,
+        "drafter": args.draft_path,
         "block_size": args.block_size,
         "max_new_tokens": args.max_new_tokens,
         "none_tokens_per_s": round(none["tokens_per_s"], 1),
