@@ -82,6 +82,7 @@ def test_dflash_sampling_matches_target_distribution(config, dflash_engine, none
     assert impossible == 0 and p_value > 1e-3, p_value
 
     if config == CONFIGS[0]:
-        # Power: the same number of samples clearly rejects a nearby wrong distribution.
+        # Power: at the test's own significance level (1e-3) and sample count, a nearby wrong
+        # distribution is rejected.
         wrong = exact_joint(hf_target, prompt, temperature=1.25)
-        assert goodness_of_fit(samples, wrong)[0] < 1e-6
+        assert goodness_of_fit(samples, wrong)[0] < 1e-3
