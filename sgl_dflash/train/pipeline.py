@@ -4,7 +4,7 @@
    target's chat template and OUR `Engine` (greedy by default, batched); responses are appended
    to `responses.jsonl` as token ids. Rerunning skips prompts already answered.
 2. features: the frozen target (transformers, fp32) runs each prompt+response once; the outputs of
-   the drafter's `target_layer_ids` are stored as float16 shards (`features/shard_XXXXX.safetensors`).
+   the drafter's `target_layer_ids` are stored as float16 shards (`features/shard_00000.safetensors, …`).
 3. train: random anchors in the response part (resampled every time a sequence is drawn), the
    decay-weighted block loss of `core.dflash_loss`, AdamW + cosine; `state.pt` (model, optimizer,
    step, RNG states) every `--save-every` steps; the final z-lab checkpoint goes to `--out`.
