@@ -11,8 +11,6 @@ import torch
 
 from sgl_dflash import model_import
 
-pytest.importorskip("gguf")
-
 
 @pytest.fixture(scope="module")
 def converted():
