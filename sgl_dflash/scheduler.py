@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, server_args: ServerArgs):
         self.server_args = server_args.check()
+        logging.getLogger("sgl_dflash").setLevel(server_args.log_level.upper())
         self.algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
             server_args.resolved_tokenizer_path
