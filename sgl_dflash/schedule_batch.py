@@ -88,7 +88,7 @@ class Req:
         if not params.ignore_eos:
             stop_ids |= eos_token_ids
         stop_strs = params.stop_strs if detokenize is not None else []
-        kept = 0
+        kept, text_is_final = 0, False
         for token in tokens:
             if self.finished:
                 break
@@ -96,19 +96,20 @@ class Req:
                 self.first_token_time = time.perf_counter()
             self.output_ids.append(int(token))
             kept += 1
-            if detokenize is not None:
-                self.text = detokenize(self.output_ids)
             if len(self.output_ids) >= params.max_new_tokens:
                 self.finish({"type": "length", "length": params.max_new_tokens})
             elif token in stop_ids:
                 self.finish({"type": "stop", "matched": int(token)})
-            else:
+            elif stop_strs:  # decode after every token: the string may end at any of them
+                self.text = detokenize(self.output_ids)
                 for stop in stop_strs:
                     at = self.text.find(stop)
                     if at >= 0:
-                        self.text = self.text[:at]
+                        self.text, text_is_final = self.text[:at], True
                         self.finish({"type": "stop", "matched": stop})
                         break
+        if detokenize is not None and kept and not text_is_final:
+            self.text = detokenize(self.output_ids)
         return kept
 
     # -- statistics -----------------------------------------------------------------------
