@@ -147,3 +147,13 @@ def spec_target_with_tokenizer(tmp_path_factory, spec_target_dir):
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=core, eos_token="t2").save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def last_layer_draft_dir(tmp_path_factory, spec_target_dir):
+    """A random drafter reading layer 0 and the LAST target layer (z-lab's features for the last
+    layer are final-normed)."""
+    from tests.tiny_draft import make_tiny_draft
+
+    return str(make_tiny_draft(tmp_path_factory.mktemp("last_layer_draft"), spec_target_dir, block_size=16,
+                               target_layer_ids=[0, 2]))

@@ -216,14 +216,15 @@ def test_random_drafter_is_lossless(random_draft_dir, spec_prompts, none_outputs
     assert log["checks"] > 0
 
 
-@pytest.mark.parametrize("drafter, block_size", [("trained", 8), ("random", 4)])
+@pytest.mark.parametrize("drafter, block_size", [("trained", 8), ("random", 4), ("last_layer", 4)])
 def test_matches_reference_dflash_generate(drafter, block_size, monkeypatch, dflash_engine, spec_target_dir,
-                                           random_draft_dir, trained_draft_dir, spec_prompts, engine_kwargs):
+                                           random_draft_dir, trained_draft_dir, last_layer_draft_dir,
+                                           spec_prompts, engine_kwargs):
     import dflash.model
     from dflash.model import DFlashDraftModel, dflash_generate
 
     monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)  # its stats timer needs CUDA
-    draft_dir = {"trained": trained_draft_dir, "random": random_draft_dir}[drafter]
+    draft_dir = {"trained": trained_draft_dir, "random": random_draft_dir, "last_layer": last_layer_draft_dir}[drafter]
     engine = (dflash_engine(block_size) if drafter == "trained" else Engine(
         **engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=draft_dir,
         speculative_num_draft_tokens=block_size))

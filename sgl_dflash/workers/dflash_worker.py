@@ -12,10 +12,15 @@ Per decode step, for the whole batch at once (`decode` reads top to bottom):
                tokens; stop rules may cut the accepted tokens, which finishes the request.
 L (`Req.committed_len`) counts only verified tokens: neither the target KV nor the drafter ever
 counts an unverified draft.
+
+Context features are z-lab's `hidden_states[l + 1]` for each target layer l: the layer's output,
+except for the LAST layer, where transformers (and so z-lab's drafters and our trainer) report it
+after the final norm; the runner gives raw outputs, so that slice is normed here.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 
@@ -25,6 +30,7 @@ import numpy as np
 
 from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
+from jax_backend.model import rms_norm
 from sgl_dflash.schedule_batch import Req
 from sgl_dflash.server_args import ServerArgs, ServerArgsError, read_model_config
 from sgl_dflash.workers.ar_worker import AppendFn, ARWorker, sampling_arrays
@@ -76,6 +82,10 @@ class DFlashWorker(ARWorker):
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
         )
+        last = self.target.config.num_hidden_layers - 1
+        self.normed_feature = (  # which feature block is the last layer's, if any
+            list(draft_config.target_layer_ids).index(last) if last in draft_config.target_layer_ids else None
+        )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks
 
@@ -84,7 +94,7 @@ class DFlashWorker(ARWorker):
         out = super().prefill(reqs, append)
         for req, features in zip(reqs, out.aux_hidden):
             self._release_drafter(req.slot)  # only set when a failed batch is being retried
-            self.proposer.add(req.slot, features)
+            self.proposer.add(req.slot, self.context_features(features))
             self.drafting.add(req.slot)
             req.init_spec_stats(self.block_size - 1)
         return out
@@ -133,9 +143,9 @@ class DFlashWorker(ARWorker):
 
         # 4. Commit: the drafter gets the aux rows of exactly the a+1 committed tokens (the old
         # bonus and the accepted drafts); the target's committed length moves with the output.
-        self.proposer.commit(
-            slots, [int(a) for a in accepted], [out.aux_hidden[i][: a + 1] for i, a in enumerate(accepted)]
-        )
+        self.proposer.commit(slots, [int(a) for a in accepted], [
+            self.context_features(out.aux_hidden[i])[: a + 1] for i, a in enumerate(accepted)
+        ])
         for i, r in enumerate(reqs):
             a = int(accepted[i])
             r.record_verify(B - 1, a)
@@ -158,6 +168,13 @@ class DFlashWorker(ARWorker):
         sampled = np.asarray(_draw(q, self.next_key())).reshape(rows, gamma)[:n]
         return q.reshape(rows, gamma, vocab), sampled
 
+    def context_features(self, aux: jax.Array) -> jax.Array:
+        """The runner's aux rows [q, n_aux*H] as z-lab's hidden_states[l + 1] features."""
+        if self.normed_feature is None:
+            return aux
+        config = self.target.config
+        return _norm_block(aux, self.target.params["norm"], self.normed_feature, config.hidden_size, config.rms_norm_eps)
+
     def release(self, slot: int) -> None:
         super().release(slot)
         self._release_drafter(slot)
@@ -173,6 +190,13 @@ class DFlashWorker(ARWorker):
 
     def num_compilations(self) -> int:
         return self.target.num_compilations() + self.proposer.num_compilations()
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _norm_block(aux: jax.Array, weight: jax.Array, block: int, hidden: int, eps: float) -> jax.Array:
+    """Apply the target's final RMSNorm to feature block `block` (columns block*H .. (block+1)*H)."""
+    columns = slice(block * hidden, (block + 1) * hidden)
+    return aux.at[:, columns].set(rms_norm(aux[:, columns], weight, eps))
 
 
 @jax.jit
