@@ -63,9 +63,8 @@ def spec_target_dir(tmp_path_factory):
                             initializer_range=0.3)
 
 
-# Drafters read the outputs of target layers 0 and 1 (two concatenated feature blocks). Not the
-# last layer: there transformers' hidden_states[-1] is final-normed while the JAX target's aux
-# output is not (see docs/interfaces.md), so the z-lab reference would see other features.
+# Drafters read the outputs of target layers 0 and 1 (two concatenated feature blocks); the
+# last-layer case (final-normed features) has its own drafter below.
 DRAFT_LAYER_IDS = [0, 1]
 
 
