@@ -61,6 +61,39 @@ def test_make_batch_labels_are_the_tokens_after_each_anchor():
     assert batch.label_mask[1].sum(-1).tolist() == [3, 2, 1]
 
 
+def test_sampled_softmax_keeps_every_label_and_equals_full_ce_when_it_covers_the_vocab():
+    vocab = core.TrainVocab(torch.tensor([7, 3, 3, 11]), vocab_size=16, num_negatives=4)
+    assert vocab.ids.tolist() == [3, 7, 11] and vocab.index[[3, 7, 11, 5]].tolist() == [0, 1, 2, -1]
+    head = torch.randn(16, 8)
+    rows = vocab.rows(head, torch.Generator().manual_seed(0))
+    assert rows.shape == (3 + 4, 8) and torch.equal(rows[:3], head[[3, 7, 11]])
+    others = {tuple(r.tolist()) for r in rows[3:]}
+    assert not others & {tuple(head[i].tolist()) for i in (3, 7, 11)}  # negatives are other ids
+
+    # With every id covered (num_negatives >= the rest), the sampled loss is the full loss.
+    from torchax_proposer import DFlashConfig
+
+    config = core.build_draft_config({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+                                      "intermediate_size": 16, "vocab_size": 16}, block_size=4,
+                                     target_layer_ids=[0])
+    model = core.new_draft_model(config)
+    assert DFlashConfig.from_dict(config).block_size == 4
+    tokens = [np.array([1, 3, 7, 11, 3, 7, 11, 3])]
+    batch = core.make_batch(tokens, [np.ones(8, dtype=bool)], [torch.randn(8, 8)], block_size=4,
+                            num_anchors=3, rng=np.random.default_rng(0))
+    embed = torch.randn(16, 8)
+    weights = core.loss_weights(4)
+    full, _ = core.dflash_loss(model, embed, head, batch, block_size=4, weights=weights)
+    covered = core.TrainVocab(torch.tensor([3, 7, 11]), vocab_size=16, num_negatives=100)
+    sampled, _ = core.dflash_loss(model, embed, head, batch, block_size=4, weights=weights, vocab=covered,
+                                  generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(full, sampled, atol=1e-5)
+    # Labels outside the used ids are not supervised (no index error, finite loss).
+    partial = core.TrainVocab(torch.tensor([3, 7]), vocab_size=16, num_negatives=2)
+    loss, _ = core.dflash_loss(model, embed, head, batch, block_size=4, weights=weights, vocab=partial)
+    assert torch.isfinite(loss)
+
+
 def test_lr_schedule_warms_up_then_decays_to_zero():
     lrs = [core.lr_at(s, 100, 1.0) for s in range(100)]
     assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="warm start: copy the target's last layers into the drafter")
     g.add_argument("--sampled-positions", type=int, default=5,
                    help="loss offsets per step drawn with p ~ w_k (0: all B-1 offsets every step)")
+    g.add_argument("--vocab-negatives", type=int, default=None,
+                   help="sampled softmax: the ids the responses use plus this many other ids per step "
+                        "(default: full vocabulary)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             num_layers=args.num_layers, block_size=args.block_size, target_layer_ids=tuple(layer_ids),
             mask_token_id=args.mask_token_id, steps=args.steps, batch_size=args.batch_size,
             num_anchors=args.num_anchors, lr=args.lr, seed=args.seed, save_every=args.save_every,
-            holdout=args.holdout, sampled_positions=args.sampled_positions or None,
+            holdout=args.holdout, sampled_positions=args.sampled_positions or None, vocab_negatives=args.vocab_negatives,
             num_threads=args.num_threads, init_from=args.init_from,
             init_layers_from_target=args.init_layers_from_target)
         print(pipeline.train(target, work_dir, out, train_args))

@@ -313,6 +313,7 @@ class TrainArgs:
     init_layers_from_target: bool = False  # copy the target's last layers into the drafter layers
     holdout: int = 8  # sequences kept out of training to report held-out tau
     sampled_positions: int | None = 5  # loss offsets per step, drawn with p ~ w_k (None: all B-1)
+    vocab_negatives: int | None = None  # sampled softmax: used ids + this many others (None: full)
     num_threads: int | None = None
 
 
@@ -371,6 +372,7 @@ def train(
         generator.set_state(state["loss_rng"])
         step, log = state["step"], state["log"]
     weights = core.loss_weights(args.block_size)
+    vocab = _train_vocab(train_items, target_config["vocab_size"], args.vocab_negatives)
 
     def save_state() -> None:
         tmp = state_path.with_suffix(".tmp")
@@ -391,7 +393,8 @@ def train(
         if batch is None:
             continue
         loss, stats = core.dflash_loss(model, embed, lm_head, batch, block_size=args.block_size, weights=weights,
-                                       sampled_positions=args.sampled_positions, generator=generator)
+                                       sampled_positions=args.sampled_positions, generator=generator,
+                                       vocab=vocab)
         grad_norm = core.optimizer_step(model, optimizer, loss, core.lr_at(step, args.steps, args.lr))
         step += 1
         log.append({"step": step, "loss": stats["loss"], "tau": stats["tau"], "grad_norm": grad_norm})
@@ -404,10 +407,18 @@ def train(
                 store = FeatureStore(work_dir / "features")
                 num_shards = len(list((work_dir / "features").glob("shard_*.safetensors")))
                 train_items = store.items[args.holdout:]
+                vocab = _train_vocab(train_items, target_config["vocab_size"], args.vocab_negatives)
             _save_output(model, config, out_dir, target_dir, args, store, log, held_out, embed, lm_head,
                          save_dtype)
     bar.close()
     return out_dir
+
+
+def _train_vocab(items, vocab_size: int, negatives: int | None) -> core.TrainVocab | None:
+    """The sampled-softmax support: every response token of the training items (all labels)."""
+    if negatives is None:
+        return None
+    return core.TrainVocab(torch.cat([torch.as_tensor(t[m]) for t, m, _ in items]), vocab_size, negatives)
 
 
 def init_from_target_layers(model: torch.nn.Module, target_dir: str | os.PathLike, layer_ids: Sequence[int]) -> None:
