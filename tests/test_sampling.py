@@ -143,3 +143,20 @@ def test_rejection_accept_identical_distributions_accept_everything():
     draft = jnp.argmax(p[:, :2], axis=-1)
     accepted, _ = sampling.rejection_accept(draft, p[:, :2], p, jax.random.key(7))
     np.testing.assert_array_equal(np.asarray(accepted), [2, 2, 2, 2])
+
+
+def test_fast_paths_equal_the_sorted_transform():
+    """No top-k/top-p: `probs` skips the vocabulary sort; an all-greedy batch `sample`s by argmax.
+    Both must give exactly what the general (sorted) transform gives, ties included."""
+    logits = np.random.default_rng(5).standard_normal((6, 40)).astype(np.float32)
+    logits[0, [3, 17]] = logits[0].max() + 1.0  # a tie: the lower id wins everywhere
+    temperature = np.array([0.0, 1.0, 0.5, 0.0, 1.7, 1.0], np.float32)
+    off_p, off_k = np.ones(6, np.float32), np.zeros(6, np.int32)
+    fast = np.asarray(sampling.probs(logits, temperature, off_p, off_k))
+    general = np.asarray(sampling._filtered_probs(logits, temperature, off_p, off_k))
+    np.testing.assert_allclose(fast, general, atol=1e-7, rtol=0)
+    assert fast[0].argmax() == 3 and fast[0, 3] == 1.0
+    greedy = np.asarray(sampling.sample(logits, np.zeros(6, np.float32), off_p, off_k, jax.random.key(0)))
+    general_greedy = np.asarray(sampling._draw(logits, general, np.zeros(6, np.float32), jax.random.key(0)))
+    np.testing.assert_array_equal(greedy, general_greedy)
+    assert greedy[0] == 3
