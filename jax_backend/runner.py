@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Sequence
 
@@ -96,6 +97,16 @@ class TargetRunner:
     def lm_head(self) -> jax.Array:
         return self.params["lm_head"]
 
+    def hidden_state_features(self, aux: jax.Array) -> jax.Array:
+        """Aux rows [q, n_aux*H] of `forward` as transformers' `hidden_states[l + 1]` (z-lab's
+        drafter features): each layer's output, except that transformers reports the LAST layer
+        after the final norm, so that block (if captured) is normed here."""
+        last = self.config.num_hidden_layers - 1
+        if last not in self.aux_layer_ids:
+            return aux
+        block = self.aux_layer_ids.index(last)
+        return _norm_block(aux, self.params["norm"], block, self.config.hidden_size, self.config.rms_norm_eps)
+
     def num_compilations(self) -> int:
         """Number of distinct compiled versions of the jitted forward so far."""
         return self._step._cache_size()
@@ -135,3 +146,10 @@ class TargetRunner:
             for start, q in zip(layout.token_starts, layout.q_lens)
         ]
         return ForwardOutput(per_seq_logits, per_seq_aux)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _norm_block(aux: jax.Array, weight: jax.Array, block: int, hidden: int, eps: float) -> jax.Array:
+    """Apply the final RMSNorm to feature block `block` (columns block*H .. (block+1)*H)."""
+    columns = slice(block * hidden, (block + 1) * hidden)
+    return aux.at[:, columns].set(model.rms_norm(aux[:, columns], weight, eps))

@@ -11,6 +11,8 @@ import itertools
 import time
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from sgl_dflash.sampling_params import InvalidRequestError, SamplingParams
 
 
@@ -45,6 +47,8 @@ class Req:
     spec_num_proposed_drafts: int = 0
     spec_num_correct_drafts: int = 0
     spec_correct_drafts_histogram: list[int] = dataclasses.field(default_factory=list)
+    # Target aux-layer rows of every token fed so far (ServerArgs.aux_hidden_layers), in chunks.
+    aux_hidden: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -145,6 +149,8 @@ class Req:
                 spec_accept_rate=self.spec_num_correct_drafts / max(1, self.spec_num_proposed_drafts),
                 spec_correct_drafts_histogram=list(self.spec_correct_drafts_histogram),
             )
+        if self.aux_hidden:  # one row per token of prompt + output but the last
+            info["aux_hidden_states"] = np.concatenate(self.aux_hidden)
         return info
 
     def to_output(self, with_text: bool = True) -> dict[str, Any]:

@@ -37,6 +37,9 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     log_level: str = "info"
+    # Engine only (no CLI flag): NONE records these target layers' outputs for every token and
+    # returns them as meta_info["aux_hidden_states"] (drafter training data in one pass).
+    aux_hidden_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.speculative_algorithm is not None:
@@ -102,9 +105,22 @@ class ServerArgs:
                 raise ServerArgsError(
                     "--speculative-num-draft-tokens was given but --speculative-algorithm is NONE"
                 )
+        if self.aux_hidden_layers is not None:
+            self._check_aux_hidden_layers(algorithm, int(target.get("num_hidden_layers") or 0))
         if algorithm.validate_server_args is not None:
             algorithm.validate_server_args(self)
         return self
+
+    def _check_aux_hidden_layers(self, algorithm: Any, num_layers: int) -> None:
+        if not algorithm.is_none():
+            raise ServerArgsError("aux_hidden_layers is only supported with --speculative-algorithm NONE")
+        layers = list(self.aux_hidden_layers)
+        bad = [l for l in layers if isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < num_layers]
+        if not layers or bad or len(set(layers)) != len(layers):
+            raise ServerArgsError(
+                f"aux_hidden_layers must be distinct layer indices in [0, {num_layers}), got {layers!r}"
+            )
+        self.aux_hidden_layers = tuple(layers)
 
     # -- command line ---------------------------------------------------------------------
     @staticmethod

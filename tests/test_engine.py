@@ -128,3 +128,43 @@ def test_sampling_is_seeded_and_respects_top_k(tiny_qwen3_dir):
             logits = hf(torch.tensor([PROMPTS[0] + out])).logits[0]
         top2 = torch.topk(logits[len(PROMPTS[0]) - 1 : -1], 2).indices.numpy()
         assert np.all((top2 == np.array(out)[:, None]).any(axis=1))
+
+
+def test_aux_hidden_layers_are_transformers_hidden_states_recorded_while_generating(tiny_llama_dir):
+    """`aux_hidden_layers` (drafter training data in one pass): meta_info["aux_hidden_states"] holds
+    one row per token of prompt + output but the last, equal to transformers' hidden_states[l + 1]
+    on the finished sequence (the LAST layer final-normed, as transformers reports it); the
+    output itself is unchanged. A small KV budget forces a retraction, whose rows are recomputed."""
+    import json
+
+    from sgl_dflash.server_args import ServerArgsError
+
+    num_layers = json.load(open(f"{tiny_llama_dir}/config.json"))["num_hidden_layers"]
+    layers = (0, num_layers - 1)
+    params = {"temperature": 0.0, "max_new_tokens": 20, "ignore_eos": True}
+    plain = Engine(model_path=tiny_llama_dir, skip_tokenizer_init=True, max_total_tokens=1024)
+    expected_ids = [o["output_ids"] for o in plain.generate(input_ids=PROMPTS, sampling_params=params)]
+    plain.shutdown()
+    # 4 prompts of up to 25 + 20 tokens in 96 slots: some request is retracted and recomputed.
+    engine = Engine(model_path=tiny_llama_dir, skip_tokenizer_init=True, max_total_tokens=96, page_size=8,
+                    aux_hidden_layers=layers)
+    outs = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    retractions = engine.get_server_info()["internal_states"][0]["num_retractions"]
+    engine.shutdown()
+    hf = load_hf_model(tiny_llama_dir)
+    for prompt, out, ids in zip(PROMPTS, outs, expected_ids):
+        assert out["output_ids"] == ids
+        seq = torch.tensor([prompt + out["output_ids"]])
+        with torch.no_grad():
+            hidden = hf(seq, output_hidden_states=True).hidden_states
+        reference = torch.cat([hidden[l + 1][0] for l in layers], dim=-1)[:-1].numpy()
+        aux = out["meta_info"]["aux_hidden_states"]
+        assert aux.shape == reference.shape
+        np.testing.assert_allclose(aux, reference, atol=1e-4, rtol=1e-4)
+    assert retractions > 0
+
+    with pytest.raises(ServerArgsError, match="aux_hidden_layers"):
+        Engine(model_path=tiny_llama_dir, skip_tokenizer_init=True, aux_hidden_layers=(num_layers,))
+    with pytest.raises(ServerArgsError, match="aux_hidden_layers"):
+        Engine(model_path=tiny_llama_dir, skip_tokenizer_init=True, aux_hidden_layers=(0,),
+               speculative_algorithm="DFLASH", speculative_draft_model_path=tiny_llama_dir)

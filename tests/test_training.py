@@ -227,6 +227,20 @@ def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
     assert mask.sum() == len(tokens) - len(rows[-1]["prompt_ids"]) and mask[-1]
     torch.testing.assert_close(feats[:-1].float(), expected[:-1], atol=2e-3, rtol=2e-3)
 
+    # Our Engine writes the same training data in its one pass (tokens equal, features within fp16).
+    engine_work = tmp_path / "engine_work"
+    pipeline.regenerate(target, engine_work, prompts[:4], [0, 1], max_new_tokens=10, batch_size=4)
+    pipeline.regenerate(target, engine_work, prompts, [0, 1], max_new_tokens=10, batch_size=4)  # resumes
+    assert sorted(r["id"] for r in pipeline.read_responses(engine_work / "responses.jsonl")) == sorted(
+        p["id"] for p in prompts)
+    by_tokens = {tuple(t.tolist()): (m, f) for t, m, f in store.items}
+    engine_store = pipeline.FeatureStore(engine_work / "features")
+    assert len(engine_store) == 10
+    for t, m, f in engine_store.items:
+        ref_mask, ref_feats = by_tokens[tuple(t.tolist())]
+        assert np.array_equal(m, ref_mask)
+        torch.testing.assert_close(f.float(), ref_feats.float(), atol=2e-3, rtol=2e-3)
+
     args = pipeline.TrainArgs(num_layers=1, block_size=4, steps=6, batch_size=2, num_anchors=4,
                               save_every=2, holdout=2, lr=1e-3)
     pipeline.train(target, work, tmp_path / "full", args)

@@ -1,7 +1,7 @@
 """Command line for drafter training on real data (see sgl_dflash/train/pipeline.py and docs/real_model.md).
 
-    python -m sgl_dflash.train regenerate --num-prompts 1200
-    python -m sgl_dflash.train features --target-layer-ids 2 10 18 26
+    python -m sgl_dflash.train regenerate --num-prompts 1200 --target-layer-ids 1 10 18 27
+    python -m sgl_dflash.train features --target-layer-ids 1 10 18 27   # only for responses without features
     python -m sgl_dflash.train train --steps 1500 --out sgl_dflash/assets/smollm2-135m-dflash
     python -m sgl_dflash.train all ...         # the three stages in order
 
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--gen-batch-size", type=int, default=16)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--backend", choices=["engine", "transformers"], default="engine",
-                   help="engine: our Engine generates, the features stage runs the target again; "
-                        "transformers: one generate pass yields responses and features (cheaper on CPU)")
+                   help="engine: our Engine generates and records the features in the same pass; "
+                        "transformers: the same with transformers' generate (the reference path)")
     g.add_argument("--num-threads", type=int, default=None, help="torch threads for the transformers backend")
     g = parser.add_argument_group("features / train")
     g.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage in ("regenerate", "all"):
         prompts = pipeline.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
         if args.backend == "engine":
-            pipeline.regenerate(target, work_dir, prompts, max_new_tokens=args.max_new_tokens,
+            pipeline.regenerate(target, work_dir, prompts, layer_ids, max_new_tokens=args.max_new_tokens,
                                 max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
                                 temperature=args.temperature, seed=args.seed)
         else:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                 target, work_dir, prompts, layer_ids, max_new_tokens=args.max_new_tokens,
                 max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
                 temperature=args.temperature, seed=args.seed, num_threads=args.num_threads)
-    if args.stage in ("features", "all") and args.backend == "engine":
+    if args.stage == "features":  # responses generated without features (e.g. an older run)
         pipeline.compute_features(target, work_dir, layer_ids)
     if args.stage in ("train", "all"):
         train_args = pipeline.TrainArgs(

@@ -26,6 +26,10 @@ class ARWorker:
 
     def __init__(self, server_args: ServerArgs, aux_layer_ids: Sequence[int] = ()):
         self.server_args = server_args
+        # Recording aux rows for the caller (training data) is a NONE feature (ServerArgs.check).
+        self.record_aux = bool(server_args.aux_hidden_layers)
+        if self.record_aux:
+            aux_layer_ids = server_args.aux_hidden_layers
         self.target = TargetRunner(
             server_args.model_path,
             dtype=server_args.resolved_dtype,
@@ -47,6 +51,9 @@ class ARWorker:
         """
         seqs = [SeqInput(prefill_token_ids(r), 0, self.page_table(r), "last") for r in reqs]
         out = self.target.forward(seqs)
+        if self.record_aux:  # a retracted request's rows are recomputed: replace, not append
+            for r, aux in zip(reqs, out.aux_hidden):
+                r.aux_hidden = [np.asarray(self.target.hidden_state_features(aux))]
         fresh = [i for i, r in enumerate(reqs) if not r.output_ids]
         if fresh:
             logits = np.concatenate([out.logits[i] for i in fresh])
@@ -59,6 +66,9 @@ class ARWorker:
         """One token for every request: its pending token runs at position committed_len."""
         seqs = [SeqInput([r.last_token], r.committed_len, self.page_table(r), "last") for r in reqs]
         out = self.target.forward(seqs)
+        if self.record_aux:
+            for r, aux in zip(reqs, out.aux_hidden):
+                r.aux_hidden.append(np.asarray(self.target.hidden_state_features(aux)))
         tokens = self.sample(np.concatenate(out.logits), reqs)
         for r, token in zip(reqs, tokens):
             append(r, [int(token)])

@@ -15,12 +15,11 @@ counts an unverified draft.
 
 Context features are z-lab's `hidden_states[l + 1]` for each target layer l: the layer's output,
 except for the LAST layer, where transformers (and so z-lab's drafters and our trainer) report it
-after the final norm; the runner gives raw outputs, so that slice is normed here.
+after the final norm (`TargetRunner.hidden_state_features`).
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import defaultdict
 
@@ -30,7 +29,6 @@ import numpy as np
 
 from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
-from jax_backend.model import rms_norm
 from sgl_dflash.schedule_batch import Req
 from sgl_dflash.server_args import ServerArgs, ServerArgsError, read_model_config
 from sgl_dflash.workers.ar_worker import AppendFn, ARWorker, sampling_arrays
@@ -81,10 +79,6 @@ class DFlashWorker(ARWorker):
             max_context_len=server_args.context_length + self.block_size,
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
-        )
-        last = self.target.config.num_hidden_layers - 1
-        self.normed_feature = (  # which feature block is the last layer's, if any
-            list(draft_config.target_layer_ids).index(last) if last in draft_config.target_layer_ids else None
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks
@@ -170,10 +164,7 @@ class DFlashWorker(ARWorker):
 
     def context_features(self, aux: jax.Array) -> jax.Array:
         """The runner's aux rows [q, n_aux*H] as z-lab's hidden_states[l + 1] features."""
-        if self.normed_feature is None:
-            return aux
-        config = self.target.config
-        return _norm_block(aux, self.target.params["norm"], self.normed_feature, config.hidden_size, config.rms_norm_eps)
+        return self.target.hidden_state_features(aux)
 
     def release(self, slot: int) -> None:
         super().release(slot)
@@ -190,13 +181,6 @@ class DFlashWorker(ARWorker):
 
     def num_compilations(self) -> int:
         return self.target.num_compilations() + self.proposer.num_compilations()
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _norm_block(aux: jax.Array, weight: jax.Array, block: int, hidden: int, eps: float) -> jax.Array:
-    """Apply the target's final RMSNorm to feature block `block` (columns block*H .. (block+1)*H)."""
-    columns = slice(block * hidden, (block + 1) * hidden)
-    return aux.at[:, columns].set(rms_norm(aux[:, columns], weight, eps))
 
 
 @jax.jit
