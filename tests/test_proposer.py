@@ -121,6 +121,34 @@ def test_matches_eager_torch_drafter(dirs, target_head):
         assert proposer.committed_len(seq) == eager.committed_len(seq)
 
 
+def test_token_map_drafts_are_the_argmax_over_the_map(dirs, target_head):
+    """--speculative-token-map (FR-Spec): the lm_head shrinks to the mapped ids; drafts are the
+    full drafter's argmax restricted to them, and the returned logits are the full ones there and
+    -inf elsewhere (a valid proposal distribution for rejection sampling)."""
+    rng = np.random.default_rng(7)
+    vocab = target_head[1].shape[0]
+    token_map = np.sort(rng.choice(vocab, size=vocab // 3, replace=False))
+    full, mapped = make_proposer(dirs, target_head), make_proposer(dirs, target_head, token_map=token_map.tolist())
+    for seq, n in zip((0, 1), (6, 17)):
+        prompt = rows(rng, n)
+        full.add(seq, prompt)
+        mapped.add(seq, prompt)
+    for step in range(3):
+        bonus = rng.integers(0, vocab, 2)
+        _, full_logits = full.propose([0, 1], bonus, return_logits=True)
+        tokens, logits = mapped.propose([0, 1], bonus, return_logits=True)
+        np.testing.assert_array_equal(tokens, token_map[full_logits[..., token_map].argmax(-1)])
+        np.testing.assert_allclose(logits[..., token_map], full_logits[..., token_map], atol=1e-5, rtol=0)
+        outside = np.setdiff1d(np.arange(vocab), token_map)
+        assert np.all(np.isneginf(logits[..., outside]))
+        accepted = rng.integers(0, BLOCK, 2)
+        new_rows = [rows(rng, a + 1) for a in accepted]
+        full.commit([0, 1], accepted, new_rows)
+        mapped.commit([0, 1], accepted, new_rows)
+    with pytest.raises(ValueError, match="token_map"):
+        make_proposer(dirs, target_head, token_map=[0, 0, 1])
+
+
 def test_no_recompilation_in_steady_state(dirs, target_head):
     """After one warm-up generation, a second one with other prompt lengths, batch sizes and
     accepted counts inside the same buckets compiles nothing: neither our jitted functions nor

@@ -67,6 +67,7 @@ class DFlashProposer:
         max_context_len: int,
         block_size: int | None = None,
         dtype: str = "float32",
+        token_map: Sequence[int] | None = None,
     ):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self.config = self.model.config
@@ -88,6 +89,15 @@ class DFlashProposer:
                 raise ValueError(f"{name} has shape {tuple(array.shape)}, expected [vocab, hidden] = {shape}")
         self.embed = jnp.asarray(target_embed, self.dtype)
         self.lm_head = jnp.asarray(target_lm_head, self.dtype)
+        # A hot-token map (FR-Spec): drafts come from these ids only, so the per-draft lm_head read
+        # shrinks from V rows to len(token_map) (on a CPU that read is most of a small drafter's time).
+        self.token_map = None
+        if token_map is not None:
+            ids = np.asarray(token_map, np.int64).reshape(-1)
+            if ids.size == 0 or ids.min() < 0 or ids.max() >= shape[0] or len(np.unique(ids)) != ids.size:
+                raise ValueError(f"token_map must hold distinct token ids in [0, {shape[0]})")
+            self.token_map = jnp.asarray(ids, jnp.int32)
+            self.lm_head = self.lm_head[self.token_map]
         self.params = model_params(self.model)
         self.k_cache, self.v_cache = init_draft_cache(self.model, max_num_seqs, max_context_len, self.dtype)
 
@@ -185,6 +195,7 @@ class DFlashProposer:
             features,
             *jax.device_put([new_lens, cache_lens, slots]),
             jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
+            self.token_map,
             read_len=read_len,
         )
         for state in states:

@@ -30,7 +30,7 @@ import numpy as np
 from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.schedule_batch import Req
-from sgl_dflash.server_args import ServerArgs, ServerArgsError, read_model_config
+from sgl_dflash.server_args import ServerArgs, ServerArgsError, read_model_config, read_token_map
 from sgl_dflash.workers.ar_worker import AppendFn, ARWorker, sampling_arrays
 
 
@@ -59,6 +59,8 @@ def validate_dflash_server_args(server_args: ServerArgs) -> None:
             f"--speculative-num-draft-tokens must be an integer in [2, {draft.block_size}] (the "
             f"drafter's block_size), got {block!r}"
         )
+    if server_args.speculative_token_map is not None:
+        read_token_map(server_args.speculative_token_map, draft.vocab_size)
 
 
 class DFlashWorker(ARWorker):
@@ -79,6 +81,8 @@ class DFlashWorker(ARWorker):
             max_context_len=server_args.context_length + self.block_size,
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
+            token_map=(None if server_args.speculative_token_map is None
+                       else read_token_map(server_args.speculative_token_map, draft_config.vocab_size)),
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks
