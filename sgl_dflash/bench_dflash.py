@@ -3,7 +3,7 @@
     python -m sgl_dflash.bench_dflash [--block-sizes 4 8 16] [--batch-sizes 1 4] [--max-new-tokens 128]
                                       [--out bench_results/bench_dflash.json]
 
-Runs on the embedded default pair (built on first use; see sgl_dflash.default_model), or on
+Runs on the small generated pair (built on first use; see sgl_dflash.default_model), or on
 --model-path / --draft-path. Greedy decoding of chat prompts. Every configuration runs once to warm
 up (JAX compiles) and once timed. A DFLASH decode step (one scheduler.step()) is split into draft
 (drafter forward), verify (one target forward over all blocks), accept (acceptance on logits),
@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from sgl_dflash.default_model import ensure_default_model, use_compilation_cache
-from sgl_dflash.demo import QUESTIONS, chat_prompts
+from sgl_dflash.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts
 from sgl_dflash.engine import Engine
 
 PHASES = ("draft", "verify", "accept", "commit")
@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     use_compilation_cache()
+    questions = QUESTIONS
     if args.model_path is None:
         model = ensure_default_model()
         args.model_path, args.draft_path = model.target_dir, model.draft_dir
+        questions = TINY_PAIR_QUESTIONS  # what the small pair was trained to answer
     common = dict(model_path=args.model_path, context_length=512, max_total_tokens=8192,
                   max_running_requests=max(args.batch_sizes), random_seed=0)
     engines = {"NONE": Engine(**common)}
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         engines[f"DFLASH-b{block_size}"] = Engine(
             **common, speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
             speculative_num_draft_tokens=block_size, speculative_token_map=args.speculative_token_map)
-    prompts = chat_prompts(engines["NONE"].tokenizer, QUESTIONS)
+    prompts = chat_prompts(engines["NONE"].tokenizer, questions)
 
     rows = []
     for batch_size in args.batch_sizes:
