@@ -105,7 +105,7 @@ def draft_block(
     Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] float32, k_cache, v_cache); the
     logits are needed for the argmax anyway, so returning them costs no extra program.
     With `token_map` [K], `lm_head` holds only those K rows: drafts are mapped back to token ids
-    and the logits of every other id are -inf (a proposal distribution over the map).
+    and the logits are over the map ([n, B-1, K]).
     """
     dtype = k_cache[0].dtype
     features = jnp.stack(features).astype(dtype)
@@ -139,8 +139,6 @@ def draft_block(
     tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if token_map is not None:
         tokens = token_map[tokens]
-        full = jnp.full(logits.shape[:-1] + (model.config.vocab_size,), -jnp.inf, jnp.float32)
-        logits = full.at[..., token_map].set(logits)
 
     k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
     v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]

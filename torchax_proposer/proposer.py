@@ -201,9 +201,14 @@ class DFlashProposer:
         for state in states:
             state.cache_len, state.pending, state.num_pending = state.committed_len, None, 0
         tokens = np.asarray(tokens)[: len(states)]
-        if return_logits:
-            return tokens, np.asarray(logits)[: len(states)]
-        return tokens
+        if not return_logits:
+            return tokens
+        logits = np.asarray(logits)[: len(states)]
+        if self.token_map is not None:  # ids outside the map: -inf (a proposal over the map)
+            full = np.full(logits.shape[:-1] + (self.config.vocab_size,), -np.inf, np.float32)
+            full[..., np.asarray(self.token_map)] = logits
+            logits = full
+        return tokens, logits
 
     def commit(self, seq_ids: Sequence[Any], accepted_counts: Any, aux_features: Sequence[Any]) -> None:
         """After verification: aux_features[i] [a_i+1, n_aux*H] are the target's features of the

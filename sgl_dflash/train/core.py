@@ -283,18 +283,13 @@ def dflash_loss(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tens
     if sampled_positions:
         offsets = torch.multinomial(weights, sampled_positions, replacement=True, generator=generator)
         hidden, labels, label_mask = hidden[:, :, offsets], labels[:, :, offsets], label_mask[:, :, offsets]
-        w = label_mask
-    else:
-        w = weights[None, None, :] * label_mask
     if vocab is not None:
         labels = vocab.index[labels]
         label_mask = label_mask * (labels >= 0)
         labels = labels.clamp_min(0)
-        if sampled_positions:
-            w = label_mask
-        else:
-            w = weights[None, None, :] * label_mask
         lm_head = vocab.rows(lm_head, generator)
+    # Sampled offsets were drawn with p ~ w_k already: each counts once.
+    w = label_mask if sampled_positions else weights[None, None, :] * label_mask
     logits = model.compute_logits(hidden, lm_head)  # [batch, nb, positions, V]
     ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none").view_as(w)
     loss = (ce * w).sum() / w.sum().clamp_min(1e-6)

@@ -152,6 +152,11 @@ def _fused_feature_dir(work_dir: Path, layer_ids: Sequence[int]) -> Path:
 
 
 def _write_fused_shard(feat_dir: Path, items: Sequence[tuple[Sequence[int], Sequence[int], np.ndarray]]) -> Path:
+    """The next shard of `feat_dir` (see `_write_shard`)."""
+    return _write_shard(feat_dir / f"shard_{len(list(feat_dir.glob('shard_*.safetensors'))):05d}.safetensors", items)
+
+
+def _write_shard(path: Path, items: Sequence[tuple[Sequence[int], Sequence[int], np.ndarray]]) -> Path:
     """One shard of (prompt ids, output ids, features of every token but the last) sequences; the
     last token's feature row is zero (no anchor ever sees it as context). Written atomically."""
     tensors = {}
@@ -165,7 +170,6 @@ def _write_fused_shard(feat_dir: Path, items: Sequence[tuple[Sequence[int], Sequ
         mask = torch.zeros(len(seq), dtype=torch.bool)
         mask[len(prompt_ids):] = True
         tensors.update({f"tokens_{j}": seq, f"mask_{j}": mask, f"features_{j}": padded})
-    path = feat_dir / f"shard_{len(list(feat_dir.glob('shard_*.safetensors'))):05d}.safetensors"
     save_file(tensors, str(path.with_suffix(".tmp")))
     path.with_suffix(".tmp").replace(path)
     return path
@@ -270,7 +274,8 @@ def compute_features(
     """Write float16 aux features of every response sequence into shards (resumable per shard).
 
     Shard k holds sequences `k*shard_size ..` of responses.jsonl, keys `tokens_i`, `mask_i`,
-    `features_i`. `mask` marks the response tokens (the supervised part).
+    `features_i`. `mask` marks the response tokens (the supervised part); as in the fused shards,
+    the last token's feature row is zero.
     """
     work_dir = Path(work_dir)
     rows = read_responses(work_dir / "responses.jsonl")
@@ -287,19 +292,14 @@ def compute_features(
         path = feat_dir / f"shard_{k:05d}.safetensors"
         if path.is_file():
             continue
-        tensors = {}
-        for i, row in enumerate(rows[k * shard_size : (k + 1) * shard_size]):
+        items = []
+        for row in rows[k * shard_size : (k + 1) * shard_size]:
             tokens = torch.tensor(row["prompt_ids"] + row["output_ids"], dtype=torch.int64)
-            feats = core.target_features(target, tokens[None], layer_ids)[0]
+            feats = core.target_features(target, tokens[None], layer_ids)[0, :-1]
             if not torch.isfinite(feats.to(torch.float16)).all():
                 raise core.TrainingDataError(f"features of {row['id']} overflow float16")
-            mask = torch.zeros(len(tokens), dtype=torch.bool)
-            mask[len(row["prompt_ids"]):] = True
-            tensors[f"tokens_{i}"] = tokens
-            tensors[f"mask_{i}"] = mask
-            tensors[f"features_{i}"] = feats.to(torch.float16).contiguous()
-        save_file(tensors, str(path.with_suffix(".tmp")))
-        path.with_suffix(".tmp").replace(path)
+            items.append((row["prompt_ids"], row["output_ids"], feats))
+        _write_shard(path, items)
     return feat_dir
 
 

@@ -92,7 +92,7 @@ class DFlashWorker(ARWorker):
         out = super().prefill(reqs, append)
         for req, features in zip(reqs, out.aux_hidden):
             self._release_drafter(req.slot)  # only set when a failed batch is being retried
-            self.proposer.add(req.slot, self.context_features(features))
+            self.proposer.add(req.slot, self.target.hidden_state_features(features))
             self.drafting.add(req.slot)
             req.init_spec_stats(self.block_size - 1)
         return out
@@ -142,7 +142,7 @@ class DFlashWorker(ARWorker):
         # 4. Commit: the drafter gets the aux rows of exactly the a+1 committed tokens (the old
         # bonus and the accepted drafts); the target's committed length moves with the output.
         self.proposer.commit(slots, [int(a) for a in accepted], [
-            self.context_features(out.aux_hidden[i])[: a + 1] for i, a in enumerate(accepted)
+            self.target.hidden_state_features(out.aux_hidden[i])[: a + 1] for i, a in enumerate(accepted)
         ])
         for i, r in enumerate(reqs):
             a = int(accepted[i])
@@ -165,10 +165,6 @@ class DFlashWorker(ARWorker):
         q = sampling.probs(padded, temperature, top_p, top_k)
         sampled = np.asarray(_draw(q, self.next_key())).reshape(rows, gamma)[:n]
         return q.reshape(rows, gamma, vocab), sampled
-
-    def context_features(self, aux: jax.Array) -> jax.Array:
-        """The runner's aux rows [q, n_aux*H] as z-lab's hidden_states[l + 1] features."""
-        return self.target.hidden_state_features(aux)
 
     def release(self, slot: int) -> None:
         super().release(slot)
