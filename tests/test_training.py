@@ -234,23 +234,22 @@ def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
     assert sorted(r["id"] for r in pipeline.read_responses(engine_work / "responses.jsonl")) == sorted(
         p["id"] for p in prompts)
     by_tokens = {tuple(t.tolist()): (m, f) for t, m, f in store.items}
-    engine_store = pipeline.FeatureStore(engine_work / "features")
-    assert len(engine_store) == 10
-    for t, m, f in engine_store.items:
-        ref_mask, ref_feats = by_tokens[tuple(t.tolist())]
-        assert np.array_equal(m, ref_mask)
-        torch.testing.assert_close(f.float(), ref_feats.float(), atol=2e-3, rtol=2e-3)
+
+    def assert_same_data(feat_dir):
+        other = pipeline.FeatureStore(feat_dir)
+        assert len(other) == 10
+        for t, m, f in other.items:
+            ref_mask, ref_feats = by_tokens[tuple(t.tolist())]
+            assert np.array_equal(m, ref_mask)
+            torch.testing.assert_close(f.float(), ref_feats.float(), atol=2e-3, rtol=2e-3)
+
+    assert_same_data(engine_work / "features")
     # The separate features stage (responses generated without features) writes the same shards.
     late = tmp_path / "late_features"
     late.mkdir()
     (late / "responses.jsonl").write_text((engine_work / "responses.jsonl").read_text())
     pipeline.compute_features(target, late, [0, 1], shard_size=5)
-    late_store = pipeline.FeatureStore(late / "features")
-    assert len(late_store) == 10
-    for t, m, f in late_store.items:
-        ref_mask, ref_feats = by_tokens[tuple(t.tolist())]
-        assert np.array_equal(m, ref_mask)
-        torch.testing.assert_close(f.float(), ref_feats.float(), atol=2e-3, rtol=2e-3)
+    assert_same_data(late / "features")
 
     args = pipeline.TrainArgs(num_layers=1, block_size=4, steps=6, batch_size=2, num_anchors=4,
                               save_every=2, holdout=2, lr=1e-3)
