@@ -1,19 +1,19 @@
-"""Command line for drafter training on real data (see sgl_dflash/train/pipeline.py and docs/real_model.md).
+"""Drafter training on the kept response set (data/<target>/; see docs/training.md).
 
-    python -m sgl_dflash.train regenerate --num-prompts 1200 --target-layer-ids 1 10 18 27
-    python -m sgl_dflash.train features --target-layer-ids 1 10 18 27   # only for responses without features
-    python -m sgl_dflash.train train --steps 1500 --out sgl_dflash/assets/smollm2-135m-dflash
-    python -m sgl_dflash.train all ...         # the three stages in order
+    python -m sgl_dflash.train regenerate --num-prompts 2000      # grow the set with our Engine
+    python -m sgl_dflash.train import FILE.jsonl.gz --sampling greedy --generated-by "..."
+    python -m sgl_dflash.train verify --num 16 --tokens 160       # imported rows == our Engine?
+    python -m sgl_dflash.train train --out DIR --time-budget-s 1200   # CUDA if present, else CPU
+    python -m sgl_dflash.train eval --draft DIR                   # held-out teacher-forced tau
 
-Every stage is resumable: rerun the same command after an interruption.
+Every command is resumable: rerun it after an interruption.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
-
-from sgl_dflash.train import pipeline
 
 
 def _parse_mix(text: str) -> dict[str, float]:
@@ -24,81 +24,120 @@ def _parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
-def main(argv: list[str] | None = None) -> None:
-    from sgl_dflash import datasets, model_import
+def _set_dir(args) -> Path:
+    from sgl_dflash.train.responses import default_set_dir
 
+    return args.set or default_set_dir(Path(args.target).name)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sgl_dflash.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["regenerate", "features", "train", "all"])
+    parser.add_argument("command", choices=["regenerate", "import", "verify", "train", "eval"])
+    parser.add_argument("files", nargs="*", type=Path, help="import: JSONL(.gz) files of responses")
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: converted SmolLM2)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="default cache/train/<target name>")
-    parser.add_argument("--out", type=Path, default=None, help="drafter output dir (default <work-dir>/drafter)")
-    g = parser.add_argument_group("regenerate")
-    g.add_argument("--num-prompts", type=int, default=1200)
-    g.add_argument("--mix", type=_parse_mix, default=_parse_mix("sharegpt:0.35,math:0.4,python:0.25"))
-    g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--max-prompt-tokens", type=int, default=384)
-    g.add_argument("--gen-batch-size", type=int, default=16)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--backend", choices=["engine", "transformers"], default="engine",
-                   help="engine: our Engine generates and records the features in the same pass; "
-                        "transformers: the same with transformers' generate (the reference path)")
-    g.add_argument("--num-threads", type=int, default=None, help="torch threads for the transformers backend")
-    g = parser.add_argument_group("features / train")
-    g.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
-    g.add_argument("--num-layers", type=int, default=2)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--mask-token-id", type=int, default=None)
-    g.add_argument("--steps", type=int, default=1000)
-    g.add_argument("--batch-size", type=int, default=4)
-    g.add_argument("--num-anchors", type=int, default=16)
-    g.add_argument("--lr", type=float, default=6e-4)
-    g.add_argument("--save-every", type=int, default=50)
-    g.add_argument("--holdout", type=int, default=8)
-    g.add_argument("--init-from", default=None, help="start from this drafter checkpoint's weights")
-    g.add_argument("--init-layers-from-target", action="store_true",
-                   help="warm start: copy the target's last layers into the drafter")
-    g.add_argument("--sampled-positions", type=int, default=5,
-                   help="loss offsets per step drawn with p ~ w_k (0: all B-1 offsets every step)")
-    g.add_argument("--vocab-negatives", type=int, default=None,
-                   help="sampled softmax: the ids the responses use plus this many other ids per step "
-                        "(default: full vocabulary)")
+    parser.add_argument("--set", type=Path, default=None, help="response set dir (default data/<target name>)")
     parser.add_argument("--seed", type=int, default=0)
+    g = parser.add_argument_group("regenerate / import / verify")
+    g.add_argument("--num-prompts", type=int, default=2000)
+    g.add_argument("--mix", type=_parse_mix, default=_parse_mix("sharegpt:0.5,math:0.3,python:0.2"))
+    g.add_argument("--max-new-tokens", type=int, default=512)
+    g.add_argument("--max-prompt-tokens", type=int, default=384)
+    g.add_argument("--batch-size", type=int, default=32, help="regenerate/verify: requests decoded together")
+    g.add_argument("--shard-size", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--sampling", default=None, help="import: how the rows were sampled ('greedy', ...)")
+    g.add_argument("--generated-by", default="", help="import: what generated the rows")
+    g.add_argument("--num", type=int, default=16, help="verify: rows to re-generate")
+    g.add_argument("--tokens", type=int, default=160, help="verify: tokens compared per row")
+    g = parser.add_argument_group("train / eval")
+    g.add_argument("--out", type=Path, default=None, help="drafter output dir")
+    g.add_argument("--draft", type=Path, default=None, help="eval: drafter checkpoint dir")
+    g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    g.add_argument("--num-layers", type=int, default=3)
+    g.add_argument("--block-size", type=int, default=8)
+    g.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8], help="eval: block sizes")
+    g.add_argument("--num-feature-layers", type=int, default=5)
+    g.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
+    g.add_argument("--mask-token-id", type=int, default=None)
+    g.add_argument("--max-anchors", type=int, default=512)
+    g.add_argument("--tokens-per-batch", type=int, default=16384)
+    g.add_argument("--epochs", type=float, default=4.0)
+    g.add_argument("--time-budget-s", type=float, default=None, help="fit the schedule into this many seconds")
+    g.add_argument("--max-steps-this-call", type=int, default=None, help="stop (state saved) after n steps")
+    g.add_argument("--lr", type=float, default=6e-4)
+    g.add_argument("--train-sampling", default=None, help="train only on shards with this sampling (e.g. greedy)")
+    g.add_argument("--no-trim-loops", action="store_true")
+    g.add_argument("--holdout", type=int, default=64)
+    g.add_argument("--init-from", default=None)
+    g.add_argument("--init-layers-from-target", action="store_true")
+    g.add_argument("--feature-noise", type=float, default=0.0)
+    g.add_argument("--save-every-s", type=float, default=300.0)
     args = parser.parse_args(argv)
 
-    target = args.target or model_import.ensure_default_model()
-    work_dir = args.work_dir or Path(model_import.CACHE_DIR) / "train" / Path(target).name
-    out = args.out or work_dir / "drafter"
-    layer_ids = args.target_layer_ids
-    if layer_ids is None:
-        import json
+    from sgl_dflash import model_import
 
-        from sgl_dflash.train import core
+    args.target = args.target or model_import.ensure_default_model()
+    if args.command == "regenerate":
+        from sgl_dflash import datasets
+        from sgl_dflash.train import regenerate
+        from sgl_dflash.train.pipeline import mix_prompts
 
-        n = json.loads((Path(target) / "config.json").read_text())["num_hidden_layers"]
-        layer_ids = core.default_target_layer_ids(n, max(args.num_layers, 1))
-    if args.stage in ("regenerate", "all"):
-        prompts = pipeline.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
-        if args.backend == "engine":
-            pipeline.regenerate(target, work_dir, prompts, layer_ids, max_new_tokens=args.max_new_tokens,
-                                max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
-                                temperature=args.temperature, seed=args.seed)
-        else:
-            pipeline.regenerate_with_features(
-                target, work_dir, prompts, layer_ids, max_new_tokens=args.max_new_tokens,
-                max_prompt_tokens=args.max_prompt_tokens, batch_size=args.gen_batch_size,
-                temperature=args.temperature, seed=args.seed, num_threads=args.num_threads)
-    if args.stage == "features":  # responses generated without features (e.g. an older run)
-        pipeline.compute_features(target, work_dir, layer_ids)
-    if args.stage in ("train", "all"):
-        train_args = pipeline.TrainArgs(
-            num_layers=args.num_layers, block_size=args.block_size, target_layer_ids=tuple(layer_ids),
-            mask_token_id=args.mask_token_id, steps=args.steps, batch_size=args.batch_size,
-            num_anchors=args.num_anchors, lr=args.lr, seed=args.seed, save_every=args.save_every,
-            holdout=args.holdout, sampled_positions=args.sampled_positions or None, vocab_negatives=args.vocab_negatives,
-            num_threads=args.num_threads, init_from=args.init_from,
-            init_layers_from_target=args.init_layers_from_target)
-        print(pipeline.train(target, work_dir, out, train_args))
+        prompts = mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
+        out = regenerate.regenerate(args.target, _set_dir(args), prompts, max_new_tokens=args.max_new_tokens,
+                                    max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
+                                    shard_size=args.shard_size, temperature=args.temperature, top_p=args.top_p,
+                                    seed=args.seed)
+        print(json.dumps(out.manifest["totals"], indent=1))
+    elif args.command == "import":
+        from sgl_dflash.train.responses import ResponseSet, read_jsonl_rows, target_identity
+
+        if not args.files or not args.sampling:
+            parser.error("import needs FILE(s) and --sampling")
+        responses = ResponseSet.open(_set_dir(args), target_identity(args.target))
+        for path in args.files:
+            rows = read_jsonl_rows(path)
+            for start in range(0, len(rows), 4096):  # shards of ~1.5M tokens: small git objects
+                n = responses.append(rows[start : start + 4096], sampling=args.sampling,
+                                     generated_by=args.generated_by, source_note=path.name)
+                print(f"{path.name}: +{n} responses")
+        print(json.dumps(responses.manifest["totals"], indent=1))
+    elif args.command == "verify":
+        from sgl_dflash.train import regenerate
+        from sgl_dflash.train.responses import ResponseSet, _write_json
+
+        result = regenerate.verify(args.target, _set_dir(args), num=args.num, tokens=args.tokens, seed=args.seed)
+        print(json.dumps(result, indent=1))
+        responses = ResponseSet.load(_set_dir(args))
+        responses.manifest.setdefault("checks", []).append({k: v for k, v in result.items() if k != "set"})
+        _write_json(responses.path / "manifest.json", responses.manifest)
+    elif args.command == "train":
+        from sgl_dflash.train import trainer
+        from sgl_dflash.train.responses import ResponseSet
+
+        cfg = trainer.TrainConfig(
+            num_layers=args.num_layers, block_size=args.block_size, num_feature_layers=args.num_feature_layers,
+            target_layer_ids=tuple(args.target_layer_ids) if args.target_layer_ids else None,
+            mask_token_id=args.mask_token_id, max_anchors=args.max_anchors, tokens_per_batch=args.tokens_per_batch,
+            epochs=args.epochs, time_budget_s=args.time_budget_s, lr=args.lr, sampling=args.train_sampling,
+            trim_loops=not args.no_trim_loops, holdout=args.holdout, init_from=args.init_from,
+            init_layers_from_target=args.init_layers_from_target, feature_noise=args.feature_noise,
+            save_every_s=args.save_every_s, seed=args.seed)
+        out = args.out or Path(model_import.CACHE_DIR) / "train" / f"{Path(args.target).name}-drafter"
+        summary = trainer.train(args.target, ResponseSet.load(_set_dir(args)), out, cfg, device=args.device,
+                                max_steps_this_call=args.max_steps_this_call)
+        print(json.dumps({k: summary.get(k) for k in ("steps_done", "total_steps", "train_seconds",
+                                                      "recent_train_loss", "held_out")}, indent=1))
+    elif args.command == "eval":
+        from sgl_dflash.train import trainer
+        from sgl_dflash.train.responses import ResponseSet
+
+        if args.draft is None:
+            parser.error("eval needs --draft DIR")
+        print(json.dumps(trainer.evaluate_checkpoint(args.target, ResponseSet.load(_set_dir(args)), args.draft,
+                                                     args.block_sizes, holdout=args.holdout, device=args.device),
+                         indent=1))
 
 
 if __name__ == "__main__":

@@ -183,9 +183,9 @@ def block_attention_mask(seq_len: int, anchors: torch.Tensor, block_size: int) -
     anchor slots are fine (their rows are ignored by the loss).
     """
     batch, num_blocks = anchors.shape
-    q_block = torch.arange(num_blocks * block_size) // block_size  # [Q]
+    q_block = torch.arange(num_blocks * block_size, device=anchors.device) // block_size  # [Q]
     row_anchor = anchors[:, q_block]  # [batch, Q]
-    ctx_visible = torch.arange(seq_len)[None, None, :] < row_anchor[:, :, None]
+    ctx_visible = torch.arange(seq_len, device=anchors.device)[None, None, :] < row_anchor[:, :, None]
     same_block = q_block[:, None] == q_block[None, :]
     block_visible = same_block[None].expand(batch, -1, -1)
     return torch.cat([ctx_visible, block_visible], dim=-1)[:, None]

@@ -1,0 +1,101 @@
+"""Grow the kept response set with OUR engine, and check outside responses against it.
+
+    regenerate(target, set_dir, prompts)   the target's responses to prompts not yet in the set,
+                                           appended one shard per `shard_size` prompts (resumable:
+                                           an interrupted run loses at most one shard's work)
+    verify(target, set_dir, num=16)        re-generates a random sample of greedy rows with our
+                                           Engine and counts those identical over their first
+                                           `tokens` tokens (the check before trusting imported rows)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from sgl_dflash.train.responses import ResponseSet, target_identity
+
+
+def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a one-turn chat with the generation prompt appended."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True)
+    if hasattr(ids, "keys"):  # a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def sampling_name(temperature: float, top_p: float) -> str:
+    return "greedy" if temperature == 0 else f"temperature {temperature:g}, top_p {top_p:g}"
+
+
+def _engine(target_dir, batch_size: int, max_len: int, seed: int):
+    from sgl_dflash.engine import Engine
+
+    return Engine(model_path=str(target_dir), skip_tokenizer_init=True, max_running_requests=batch_size,
+                  context_length=max_len, max_total_tokens=batch_size * max_len, random_seed=seed)
+
+
+def regenerate(target_dir: str | os.PathLike, set_dir: str | os.PathLike, prompts: Sequence[dict], *,
+               max_new_tokens: int = 512, max_prompt_tokens: int = 384, batch_size: int = 32,
+               shard_size: int = 256, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> ResponseSet:
+    """Append the target's responses to `prompts` ({"id", "prompt", "source"}) that the set does
+    not hold yet. Prompts longer than `max_prompt_tokens` (chat template applied) are skipped."""
+    from transformers import AutoTokenizer
+
+    responses = ResponseSet.open(set_dir, target_identity(target_dir))
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    sampling = sampling_name(temperature, top_p)
+    todo = []
+    for row in prompts:
+        if responses.has(row["id"], sampling):
+            continue
+        ids = chat_prompt_ids(tokenizer, row["prompt"])
+        if len(ids) <= max_prompt_tokens:
+            todo.append((row, ids))
+    if not todo:
+        return responses
+    engine = _engine(target_dir, batch_size, max_prompt_tokens + max_new_tokens + 1, seed)
+    params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    bar = tqdm(total=len(todo), desc="regenerate", unit="prompt")
+    for i in range(0, len(todo), shard_size):
+        chunk = todo[i : i + shard_size]
+        outs = engine.generate(input_ids=[ids for _, ids in chunk], sampling_params=params)
+        rows = [{"id": row["id"], "source": row["source"], "prompt_ids": ids,
+                 "output_ids": [int(t) for t in out["output_ids"]],
+                 "finish": out["meta_info"]["finish_reason"]["type"]}
+                for (row, ids), out in zip(chunk, outs)]
+        responses.append(rows, sampling=sampling, generated_by=f"sgl_dflash.Engine, float32, max_new_tokens "
+                                                               f"{max_new_tokens}, seed {seed}")
+        bar.update(len(chunk))
+    bar.close()
+    engine.shutdown()
+    return responses
+
+
+def verify(target_dir: str | os.PathLike, set_dir: str | os.PathLike, *, num: int = 16, tokens: int = 160,
+           seed: int = 0, batch_size: int = 16) -> dict:
+    """Re-generate `num` random greedy rows of the set with our Engine; compare the first `tokens`."""
+    responses = ResponseSet.load(set_dir, sampling="greedy")
+    if len(responses) == 0:
+        return {"checked": 0, "identical": 0}
+    rng = np.random.default_rng(seed)
+    picked = [responses.rows[i] for i in rng.choice(len(responses), size=min(num, len(responses)), replace=False)]
+    longest = max(len(r.prompt_ids) for r in picked)
+    engine = _engine(target_dir, batch_size, longest + tokens + 1, seed)
+    outs = engine.generate(input_ids=[r.prompt_ids.tolist() for r in picked],
+                           sampling_params={"max_new_tokens": tokens, "temperature": 0})
+    engine.shutdown()
+    mismatches = []
+    for row, out in zip(picked, outs):
+        n = min(tokens, len(row.output_ids))
+        ours = np.asarray(out["output_ids"][:n])
+        if len(ours) != n or not np.array_equal(ours, row.output_ids[:n]):
+            first = next((k for k in range(min(len(ours), n)) if ours[k] != row.output_ids[k]), min(len(ours), n))
+            mismatches.append({"id": row.id, "first_difference": int(first)})
+    return {"checked": len(picked), "identical": len(picked) - len(mismatches), "tokens": tokens,
+            "mismatches": mismatches, "set": str(Path(set_dir))}
