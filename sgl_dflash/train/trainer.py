@@ -251,7 +251,8 @@ def block_loss(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tenso
     for i in range(0, len(rows), chunk):
         part = (rows[i : i + chunk], lm_head, labels[i : i + chunk], weights[i : i + chunk], model)
         if torch.is_grad_enabled():
-            total = total + torch.utils.checkpoint.checkpoint(_ce_chunk, *part, use_reentrant=False)
+            total = total + torch.utils.checkpoint.checkpoint(_ce_chunk, *part, use_reentrant=False,
+                                                                preserve_rng_state=False)
         else:
             total = total + _ce_chunk(*part)
     loss = total / weights.sum().clamp_min(1e-6)
