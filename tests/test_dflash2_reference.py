@@ -40,7 +40,7 @@ def target(tmp_path_factory):
     return load_hf_model(path), json.loads(open(f"{path}/config.json").read())
 
 
-def build(tmp_path_factory, target, name):
+def build(tmp_path_factory, target, name, token_map=None):
     target_model, target_config = target
     draft_dir = make_tiny_draft(tmp_path_factory.mktemp(name), target_config, seed=5, **CONFIGS[name])
     reference, info = ref_lib.DFlash2DraftModel.from_pretrained(draft_dir, dtype=torch.float32, output_loading_info=True)
@@ -51,7 +51,7 @@ def build(tmp_path_factory, target, name):
     lm_head = target_model.lm_head.weight.detach()
     proposer = DFlashProposer(
         draft_dir, target_embed=embed.numpy(), target_lm_head=lm_head.numpy(), target_config=target_config,
-        max_num_seqs=4, max_context_len=128,
+        max_num_seqs=4, max_context_len=128, token_map=token_map,
     )
     return reference.eval(), ours, TorchDrafter(ours, embed, lm_head), proposer
 
@@ -155,3 +155,34 @@ def test_sampled_q_matches_reference(target, tmp_path_factory, monkeypatch):
         assert torch.equal(our_ids, ref_ids)
         torch.testing.assert_close(our_q, ref_q.float(), atol=1e-5, rtol=0)
         monkeypatch.undo()
+
+
+def test_token_map_candidates_come_from_the_map(target, tmp_path_factory):
+    """With a hot-token map the selector's candidates are the top-K of the mapped ids: the same
+    path as the reference's when the logits of every other id are -inf."""
+    target_model, _ = target
+    token_map = np.sort(np.random.default_rng(8).choice(np.arange(3, 256), 40, replace=False))
+    reference, ours, _, proposer = build(tmp_path_factory, target, "b8_k4", token_map=token_map.tolist())
+    in_map = torch.zeros(256, dtype=torch.bool)
+    in_map[torch.from_numpy(token_map)] = True
+    head = ref_lib._output_head(target_model)
+    masked_head = lambda h: head(h).masked_fill(~in_map, float("-inf"))  # noqa: E731
+
+    gen = torch.Generator().manual_seed(13)
+    bonus = [int(token_map[3]), 200]  # an anchor outside the map is fine: codebooks cover the vocabulary
+    refs = []
+    for seq in range(2):
+        features = context_features(target_model, torch.randint(3, 256, (1, 7 + seq), generator=gen), ours.target_layer_ids)
+        refs.append(ReferenceDrafter(reference, target_model, ours.block_size, features))
+        proposer.add(seq, features.numpy())
+    drafted = proposer.propose_path([0, 1], bonus)
+    assert np.isin(drafted.candidates, token_map).all()
+    for seq in range(2):
+        ref_hidden, _ = refs[seq].draft(bonus[seq])
+        with torch.inference_mode():
+            path, candidates, _ = reference.propose(ref_hidden[None], torch.tensor([bonus[seq]]), masked_head, 0.0)
+        assert np.array_equal(drafted.tokens[seq], path[0].numpy())
+        assert np.array_equal(np.sort(drafted.candidates[seq], -1), np.sort(candidates[0].numpy(), -1))
+        # Unmasked, the reference's candidates leave the map: the map really restricts them.
+        with torch.inference_mode():
+            assert not np.isin(reference.propose(ref_hidden[None], torch.tensor([bonus[seq]]), head, 0.0)[1], token_map).all()
