@@ -9,6 +9,7 @@ are real hidden states of a tiny transformers Qwen3 target whose embedding and l
 from __future__ import annotations
 
 import json
+import time
 
 import jax
 import numpy as np
@@ -40,9 +41,9 @@ def target(tmp_path_factory):
     return load_hf_model(path), json.loads(open(f"{path}/config.json").read())
 
 
-def build(tmp_path_factory, target, name, token_map=None):
+def build(tmp_path_factory, target, options, token_map=None):
     target_model, target_config = target
-    draft_dir = make_tiny_draft(tmp_path_factory.mktemp(name), target_config, seed=5, **CONFIGS[name])
+    draft_dir = make_tiny_draft(tmp_path_factory.mktemp("draft"), target_config, seed=5, **options)
     reference, info = ref_lib.DFlash2DraftModel.from_pretrained(draft_dir, dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     ours = load_draft_model(draft_dir, target_config)
@@ -66,7 +67,7 @@ def sorted_candidates(candidates: torch.Tensor, *rows: torch.Tensor):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_greedy_path_matches_reference(target, tmp_path_factory, name):
     target_model, _ = target
-    reference, ours, eager, proposer = build(tmp_path_factory, target, name)
+    reference, ours, eager, proposer = build(tmp_path_factory, target, CONFIGS[name])
     head = ref_lib._output_head(target_model)
     block = ours.block_size
     gen = torch.Generator().manual_seed(11)
@@ -118,7 +119,7 @@ def test_sampled_q_matches_reference(target, tmp_path_factory, monkeypatch):
     """At T > 0 our jitted step samples a path and returns q; the reference, made to take the same
     path, computes the same q over the same candidates. A T = 0 row in the batch stays greedy."""
     target_model, _ = target
-    reference, ours, eager, proposer = build(tmp_path_factory, target, "b8_k4")
+    reference, ours, eager, proposer = build(tmp_path_factory, target, CONFIGS["b8_k4"])
     head = ref_lib._output_head(target_model)
     gen = torch.Generator().manual_seed(12)
     temperatures = [1.0, 0.6, 0.0]
@@ -162,7 +163,7 @@ def test_token_map_candidates_come_from_the_map(target, tmp_path_factory):
     path as the reference's when the logits of every other id are -inf."""
     target_model, _ = target
     token_map = np.sort(np.random.default_rng(8).choice(np.arange(3, 256), 40, replace=False))
-    reference, ours, _, proposer = build(tmp_path_factory, target, "b8_k4", token_map=token_map.tolist())
+    reference, ours, _, proposer = build(tmp_path_factory, target, CONFIGS["b8_k4"], token_map=token_map.tolist())
     in_map = torch.zeros(256, dtype=torch.bool)
     in_map[torch.from_numpy(token_map)] = True
     head = ref_lib._output_head(target_model)
@@ -186,3 +187,44 @@ def test_token_map_candidates_come_from_the_map(target, tmp_path_factory):
         # Unmasked, the reference's candidates leave the map: the map really restricts them.
         with torch.inference_mode():
             assert not np.isin(reference.propose(ref_hidden[None], torch.tensor([bonus[seq]]), head, 0.0)[1], token_map).all()
+
+
+def test_decode_loop_matches_dflash_generate(tmp_path_factory, monkeypatch):
+    """The proposer protocol (propose -> verify -> commit) in a plain greedy decode loop over the
+    transformers target gives `dflash_generate`'s tokens and accepted lengths with DFlash 2. A
+    16-token vocabulary with peaked distributions, so that some random drafts are accepted."""
+    target_dir = make_tiny_target(tmp_path_factory.mktemp("small_vocab"), "qwen3", num_hidden_layers=3,
+                                  vocab_size=16, initializer_range=0.3)
+    target = (load_hf_model(target_dir), json.loads(open(f"{target_dir}/config.json").read()))
+    reference, ours, _, proposer = build(tmp_path_factory, target, dict(CONFIGS["b8_k4"], target_layer_ids=[0, 1]))
+    target_model = target[0]
+    block, max_new = ours.block_size, 60
+    prompt = torch.randint(0, 15, (1, 11), generator=torch.Generator().manual_seed(14))
+    monkeypatch.setattr(ref_lib, "_cuda_time", time.perf_counter)  # its stats timer needs CUDA
+    expected = ref_lib.dflash_generate(
+        reference, target_model, prompt, max_new_tokens=max_new, stop_token_ids=None, return_stats=True
+    )
+
+    def target_pass(tokens):
+        with torch.inference_mode():
+            out = target_model(tokens, output_hidden_states=True)
+        features = torch.cat([out.hidden_states[layer + 1][0] for layer in ours.target_layer_ids], dim=-1)
+        return out.logits[0].argmax(-1), features
+
+    posterior, features = target_pass(prompt)
+    tokens, bonus = prompt, int(posterior[-1])
+    proposer.add(0, features.numpy())
+    accepted_lengths = []
+    while tokens.shape[1] + block <= prompt.shape[1] + max_new:  # the reference shrinks its last blocks
+        drafts = torch.tensor(proposer.propose([0], [bonus])[0]).long()
+        start = tokens.shape[1]
+        verify = torch.cat([tokens, torch.tensor([[bonus]]), drafts[None]], dim=1)
+        posterior, features = target_pass(verify)
+        accepted = int((drafts == posterior[start:-1]).int().cumprod(0).sum())
+        proposer.commit([0], [accepted], [features[start : start + accepted + 1].numpy()])
+        tokens, bonus = verify[:, : start + accepted + 1], int(posterior[start + accepted])
+        accepted_lengths.append(accepted + 1)
+    assert accepted_lengths == expected.acceptance_lengths[: len(accepted_lengths)]
+    assert torch.equal(tokens[0], expected.output_ids[0, : tokens.shape[1]])
+    # Random drafters rarely agree with the target; commits of every size are covered above.
+    assert len(accepted_lengths) >= 4 and max(accepted_lengths) >= 2, accepted_lengths
