@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.tiny_draft import make_tiny_draft, single_torch_thread  # noqa: F401
-from torchax_proposer import DraftCheckpointError, load_draft_model
+from tests.tiny_draft import DFLASH2_TINY, make_tiny_draft, single_torch_thread  # noqa: F401
+from torchax_proposer import DFlash2DraftModel, DraftCheckpointError, load_draft_model
 
 TARGET_MODEL = dict(
     hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
@@ -55,8 +55,57 @@ CASES = {
     "dynamic_rope": (
         dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), None, TARGET, "rope_type='dynamic' is not supported"
     ),
-    "dflash2_architecture": (
-        dict(architectures=["DFlash2DraftModel"]), None, TARGET, "only 'DFlashDraftModel' is supported"
+    "unknown_architecture": (
+        dict(architectures=["LlamaForCausalLM"]), None, TARGET,
+        "only 'DFlashDraftModel' and 'DFlash2DraftModel' are supported",
+    ),
+    # DFlash 2: its config keys, then its tensors.
+    "dflash2_without_its_keys": (
+        dict(architectures=["DFlash2DraftModel"]), None, TARGET,
+        r"DFlash2DraftModel config is missing \['conv_kernel_size', 'conv_group_size', 'selector_rank', 'selector_top_k'\]",
+    ),
+    "dflash2_missing_selector_keys": (
+        dict(dflash2=DFLASH2_TINY),
+        ("config", lambda c: (c["dflash_config"].pop("selector_rank"), c["dflash_config"].pop("selector_top_k"))),
+        TARGET, r"missing \['selector_rank', 'selector_top_k'\]",
+    ),
+    "dflash2_group_not_dividing_hidden": (
+        dict(dflash2=dict(DFLASH2_TINY, conv_group_size=24)), None, TARGET,
+        "conv_group_size=24 does not divide hidden_size=64",
+    ),
+    "dflash2_top_k_above_vocab": (
+        dict(dflash2=dict(DFLASH2_TINY, selector_top_k=257)), None, TARGET, "selector_top_k=257 exceeds vocab_size=256"
+    ),
+    "dflash2_kernel_longer_than_block": (
+        dict(dflash2=dict(DFLASH2_TINY, conv_kernel_size=9)), None, TARGET, "conv_kernel_size=9 exceeds block_size=8"
+    ),
+    "dflash2_rank_not_int": (
+        dict(dflash2=DFLASH2_TINY), ("config", lambda c: c["dflash_config"].update(selector_rank="8")), TARGET,
+        "'selector_rank' must be an integer",
+    ),
+    "dflash2_rank_zero": (
+        dict(dflash2=DFLASH2_TINY), ("config", lambda c: c["dflash_config"].update(selector_rank=0)), TARGET,
+        "'selector_rank' must be positive",
+    ),
+    "dflash2_missing_codebook": (
+        dict(dflash2=DFLASH2_TINY), ("tensors", lambda t: t.pop("candidate_selector.successor_codebook")), TARGET,
+        r"missing tensors: \['candidate_selector.successor_codebook'\]",
+    ),
+    # transformers' nn.Embedding spelling is not z-lab's format (the reference maps the bare name).
+    "dflash2_codebook_with_weight_suffix": (
+        dict(dflash2=DFLASH2_TINY),
+        ("tensors", lambda t: t.update({"candidate_selector.predecessor_codebook.weight":
+                                        t.pop("candidate_selector.predecessor_codebook")})),
+        TARGET, r"missing tensors: \['candidate_selector.predecessor_codebook'\]",
+    ),
+    "dflash2_wrong_conv_shape": (
+        dict(dflash2=DFLASH2_TINY),
+        ("tensors", lambda t: t.update({"layers.0.mlp_conv.base_kernel": torch.zeros(2, 3, 64)})), TARGET,
+        r"layers.0.mlp_conv.base_kernel: \(2, 3, 64\) \(expected \(2, 2, 64\)\)",
+    ),
+    "dflash2_tensors_in_dflash1_checkpoint": (
+        dict(dflash2=DFLASH2_TINY), ("config", lambda c: c.update(architectures=["DFlashDraftModel"])), TARGET,
+        r"unexpected tensors: \['candidate_selector.hidden_projection.weight'",
     ),
     "missing_tensor": (
         {}, ("tensors", lambda t: t.pop("layers.0.mlp.up_proj.weight")), TARGET,
@@ -111,6 +160,18 @@ def test_good_checkpoint_loads(tmp_path):
     model = load_draft_model(make_tiny_draft(tmp_path, TARGET_MODEL, target_layer_ids=[1, 2]), TARGET)
     assert model.target_layer_ids == [1, 2] and model.mask_token_id == 255 and model.block_size == 8
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_good_dflash2_checkpoint_loads(tmp_path):
+    path = make_tiny_draft(tmp_path, TARGET_MODEL, num_layers=2, target_layer_ids=[1, 2], dflash2=DFLASH2_TINY)
+    model = load_draft_model(path, TARGET)
+    assert isinstance(model, DFlash2DraftModel) and model.config.is_dflash2 and model.top_k == 4
+    assert (model.config.conv_kernel_size, model.config.conv_group_size, model.config.selector_rank) == (2, 16, 8)
+    # Keys at the top level are read too (dflash_config first), as the reference does.
+    config = json.loads((path / "config.json").read_text())
+    config["selector_top_k"] = config["dflash_config"].pop("selector_top_k") + 2
+    (path / "config.json").write_text(json.dumps(config))
+    assert load_draft_model(path, TARGET).top_k == 6
 
 
 def test_error_is_a_value_error_and_target_config_is_checked(tmp_path):

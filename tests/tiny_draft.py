@@ -15,6 +15,10 @@ import torch
 from safetensors.torch import save_file
 
 DFLASH_KEYS = ("mask_token_id", "target_layer_ids", "block_size")
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# A small DFlash 2 setting for tests: 2-tap convolutions over groups of 16 channels, rank-8
+# codebooks, 4 candidates per position.
+DFLASH2_TINY = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
 
 
 def _target_dict(target_dir_or_config: Any) -> dict[str, Any]:
@@ -38,9 +42,14 @@ def make_tiny_draft(
     block_size: int = 8,
     target_layer_ids: list[int] | None = None,
     seed: int = 0,
+    dflash2: dict[str, int] | None = None,
     **overrides: Any,
 ) -> Path:
     """Writes config.json + model.safetensors of a random drafter that fits the given target.
+
+    `dflash2`: the DFlash 2 keys (e.g. `DFLASH2_TINY`) make it a `DFlash2DraftModel` checkpoint in
+    z-lab's format: those keys in `dflash_config`, convolution tensors in every layer and the
+    selector's tensors, its two codebooks stored without a `.weight` suffix.
 
     `target_dir_or_config`: a target checkpoint directory, its config dict, or a transformers config.
     `target_layer_ids=None` leaves them out of the config (z-lab's default rule then applies).
@@ -72,8 +81,11 @@ def make_tiny_draft(
     }
     if target_layer_ids is not None:
         config["dflash_config"]["target_layer_ids"] = list(target_layer_ids)
+    if dflash2 is not None:
+        config["architectures"] = ["DFlash2DraftModel"]
+        config["dflash_config"].update(dflash2)
     for key, value in overrides.items():
-        where = config["dflash_config"] if key in DFLASH_KEYS else config
+        where = config["dflash_config"] if key in DFLASH_KEYS + DFLASH2_KEYS else config
         if value is None:
             where.pop(key, None)
         else:
@@ -103,12 +115,31 @@ def make_tiny_draft(
             for name, size in (("q", q_heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim), ("o", hidden)):
                 shapes[p + f"self_attn.{name}_proj.bias"] = (size,)
 
+    if dflash2 is not None:
+        taps, rank = dflash2["conv_kernel_size"], dflash2["selector_rank"]
+        groups = hidden // dflash2["conv_group_size"]
+        for i in range(num_layers):
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"layers.{i}.{conv}.base_kernel"] = (2, taps, hidden)
+                shapes[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * taps * groups, hidden)
+        shapes["candidate_selector.hidden_projection.weight"] = (rank, hidden)
+        shapes["candidate_selector.predecessor_codebook"] = (config["vocab_size"], rank)
+        shapes["candidate_selector.successor_codebook"] = (config["vocab_size"], rank)
+
     # Scaled so activations stay O(1) through the layers: drafts then depend on the inputs and
     # differ from token to token, which is what the exactness tests need.
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in shapes.items():
-        if name.endswith(".bias"):
+        if name.endswith("base_kernel"):
+            # Around the identity (tap 0 = 1), with a clearly non-zero second tap.
+            tensors[name] = 0.5 * torch.randn(shape, generator=gen)
+            tensors[name][:, 0] += 1.0
+        elif name.endswith("_codebook"):
+            # Transition scores of the order of the gaps between top logits, so that the
+            # selector's path often differs from the per-position argmax.
+            tensors[name] = torch.randn(shape, generator=gen)
+        elif name.endswith(".bias"):
             tensors[name] = 0.1 * torch.randn(shape, generator=gen)
         elif len(shape) == 1:
             tensors[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)

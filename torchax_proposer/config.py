@@ -3,6 +3,10 @@
 The Qwen3 keys are parsed by transformers' own `Qwen3Config`, so that every default (head_dim,
 rope, layer types, ...) is exactly the one the z-lab reference sees. DFlash keys are read from
 `dflash_config` first, then from the top level, like the reference does.
+
+Two architectures share this config: `DFlashDraftModel` (DFlash 1) and `DFlash2DraftModel`
+(DFlash 2), which adds `conv_kernel_size`, `conv_group_size`, `selector_rank` and
+`selector_top_k` (all required for it; see torchax_proposer/dflash2.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class DrafterStateError(ValueError):
 
 
 DEFAULT_BLOCK_SIZE = 16
+DFLASH1, DFLASH2 = "DFlashDraftModel", "DFlash2DraftModel"
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 # RoPE variants whose frequencies change with the sequence length: the drafter's static JAX
 # cache has no place for that, so they are refused instead of served wrongly.
@@ -63,6 +69,17 @@ class DFlashConfig:
     final_logit_softcapping: float | None
     raw: dict[str, Any] = field(repr=False, compare=False)
     hf_config: Any = field(repr=False, compare=False)
+    architecture: str = DFLASH1
+    # DFlash 2 only (None for DFlash 1): the convolutions' taps and channels per group, the
+    # selector's codebook rank and its number of candidates per draft position.
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.architecture == DFLASH2
 
     @property
     def num_context_features(self) -> int:
@@ -77,11 +94,7 @@ class DFlashConfig:
 
         if not isinstance(raw, dict):
             raise DraftCheckpointError(f"drafter config must be a JSON object, got {type(raw).__name__}")
-        architectures = raw.get("architectures")
-        if architectures is not None and "DFlashDraftModel" not in architectures:
-            raise DraftCheckpointError(
-                f"drafter config architectures={architectures!r}: only 'DFlashDraftModel' is supported"
-            )
+        architecture = _architecture(raw.get("architectures"))
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             if key not in raw:
                 raise DraftCheckpointError(f"drafter config is missing the key {key!r}")
@@ -133,6 +146,10 @@ class DFlashConfig:
         if hf.rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
             raise DraftCheckpointError("drafter partial_rotary_factor != 1 is not supported")
 
+        block_size = _positive_int(value("block_size", DEFAULT_BLOCK_SIZE), "block_size")
+        vocab_size = _positive_int(hf.vocab_size, "vocab_size")
+        dflash2 = _dflash2_values(value, hidden_size, vocab_size, block_size) if architecture == DFLASH2 else {}
+
         return cls(
             hidden_size=hidden_size,
             num_hidden_layers=num_layers,
@@ -140,13 +157,13 @@ class DFlashConfig:
             num_key_value_heads=num_kv_heads,
             head_dim=_positive_int(hf.head_dim, "head_dim"),
             intermediate_size=_positive_int(hf.intermediate_size, "intermediate_size"),
-            vocab_size=_positive_int(hf.vocab_size, "vocab_size"),
+            vocab_size=vocab_size,
             hidden_act=str(hf.hidden_act),
             rms_norm_eps=float(hf.rms_norm_eps),
             attention_bias=bool(hf.attention_bias),
             rope_type=rope_type,
             layer_attention=tuple(_layer_attention(hf, raw, i) for i in range(num_layers)),
-            block_size=_positive_int(value("block_size", DEFAULT_BLOCK_SIZE), "block_size"),
+            block_size=block_size,
             mask_token_id=mask_token_id,
             target_layer_ids=ids,
             num_target_layers=config_target_layers,
@@ -155,6 +172,8 @@ class DFlashConfig:
             final_logit_softcapping=None if softcap is None else _float(softcap, "final_logit_softcapping"),
             raw=raw,
             hf_config=hf,
+            architecture=architecture,
+            **dflash2,
         )
 
     @classmethod
@@ -181,6 +200,43 @@ class DFlashConfig:
             raise DraftCheckpointError(f"drafter rope_type={self.rope_type!r} is unknown")
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](self.hf_config)
         return inv_freq.to(torch.float), float(scaling)
+
+
+def _architecture(architectures: Any) -> str:
+    # No `architectures` key: DFlash 1, as before DFlash 2 existed.
+    if architectures is None:
+        return DFLASH1
+    if isinstance(architectures, (list, tuple)):
+        for name in (DFLASH2, DFLASH1):
+            if name in architectures:
+                return name
+    raise DraftCheckpointError(
+        f"drafter config architectures={architectures!r}: only {DFLASH1!r} and {DFLASH2!r} are supported"
+    )
+
+
+def _dflash2_values(value: Any, hidden_size: int, vocab_size: int, block_size: int) -> dict[str, int]:
+    """The DFlash 2 keys, each required and checked against the shapes it will give."""
+    missing = [key for key in DFLASH2_KEYS if value(key) is None]
+    if missing:
+        raise DraftCheckpointError(
+            f"{DFLASH2} config is missing {missing} (in dflash_config or at the top level)"
+        )
+    values = {key: _positive_int(value(key), key) for key in DFLASH2_KEYS}
+    if hidden_size % values["conv_group_size"]:
+        raise DraftCheckpointError(
+            f"{DFLASH2} conv_group_size={values['conv_group_size']} does not divide hidden_size={hidden_size}"
+        )
+    # Taps past the block only ever read the zeros before it: such a config is a mistake.
+    if values["conv_kernel_size"] > block_size:
+        raise DraftCheckpointError(
+            f"{DFLASH2} conv_kernel_size={values['conv_kernel_size']} exceeds block_size={block_size}"
+        )
+    if values["selector_top_k"] > vocab_size:
+        raise DraftCheckpointError(
+            f"{DFLASH2} selector_top_k={values['selector_top_k']} exceeds vocab_size={vocab_size}"
+        )
+    return values
 
 
 def _layer_attention(hf: Any, raw: dict[str, Any], layer: int) -> tuple[bool, int | None]:

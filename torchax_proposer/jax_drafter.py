@@ -23,6 +23,7 @@ import torchax
 from torchax.interop import jax_view, torch_view
 
 from .config import DFlashConfig
+from .dflash2 import build_draft_model
 from .model import DFlashDraftModel
 
 Params = dict[str, jax.Array]
@@ -47,7 +48,7 @@ def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len
     return [zeros() for _ in model.layers], [zeros() for _ in model.layers]
 
 
-def call_model(model: DFlashDraftModel, params: Params, *args: Any, **kwargs: Any) -> Any:
+def call_model(model: torch.nn.Module, params: Params, *args: Any, **kwargs: Any) -> Any:
     """Runs the torch module on JAX values (inside a trace) and returns JAX values."""
     with torchax.default_env():
         out = torch.func.functional_call(model, torch_view(params), torch_view(args), torch_view(kwargs))
@@ -107,6 +108,37 @@ def draft_block(
     With `token_map` [K], `lm_head` holds only those K rows: drafts are mapped back to token ids
     and the logits are over the map ([n, B-1, K]).
     """
+    hidden, k_cache, v_cache = draft_hidden(
+        model, block_size, params, embed, k_cache, v_cache, features, new_lens, cache_lens, slots, bonus_tokens,
+        read_len=read_len,
+    )
+    with torchax.default_env():
+        logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(hidden.dtype)))
+    logits = jax_view(logits).astype(jnp.float32)
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if token_map is not None:
+        tokens = token_map[tokens]
+    return tokens, logits, k_cache, v_cache
+
+
+def draft_hidden(
+    model: DFlashDraftModel,
+    block_size: int,
+    params: Params,
+    embed: jax.Array,
+    k_cache: Cache,
+    v_cache: Cache,
+    features: tuple[jax.Array, ...],
+    new_lens: jax.Array,
+    cache_lens: jax.Array,
+    slots: jax.Array,
+    bonus_tokens: jax.Array,
+    *,
+    read_len: int,
+) -> tuple[jax.Array, Cache, Cache]:
+    """The drafter pass of `draft_block`: final-normed hidden states [n, B, H] of the blocks,
+    and the caches with the pending rows appended. What turns them into drafts is the caller's
+    (DFlash 1: argmax of the logits; DFlash 2: the selector's path, see dflash2_jax.py)."""
     dtype = k_cache[0].dtype
     features = jnp.stack(features).astype(dtype)
     batch, num_new = features.shape[:2]
@@ -133,16 +165,9 @@ def draft_block(
         past_kv=past_kv,
         key_valid=key_valid,
     )
-    with torchax.default_env():
-        logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(dtype)))
-    logits = jax_view(logits).astype(jnp.float32)
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    if token_map is not None:
-        tokens = token_map[tokens]
-
     k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
     v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]
-    return tokens, logits, k_cache, v_cache
+    return hidden, k_cache, v_cache
 
 
 class JittedDrafter:
@@ -155,13 +180,21 @@ class JittedDrafter:
 
     def __init__(self, config: DFlashConfig, block_size: int):
         with torch.device("meta"):
-            skeleton = DFlashDraftModel(config)
+            skeleton = build_draft_model(config)
         self.num_traces = 0
         self.draft = jax.jit(
             self._counted(functools.partial(draft_block, skeleton, block_size)),
             static_argnames=("read_len",),
             donate_argnames=("k_cache", "v_cache"),
         )
+        if config.is_dflash2:  # the selector's path instead of the argmax (imported here: it imports us)
+            from .dflash2_jax import draft_path
+
+            self.draft_path = jax.jit(
+                self._counted(functools.partial(draft_path, skeleton, block_size)),
+                static_argnames=("read_len",),
+                donate_argnames=("k_cache", "v_cache"),
+            )
         self.extend = jax.jit(
             self._counted(functools.partial(extend_cache, skeleton)), donate_argnames=("k_cache", "v_cache")
         )

@@ -1,4 +1,8 @@
-"""Loads a z-lab DFlash drafter checkpoint (config.json + *.safetensors) and checks it fits the target."""
+"""Loads a z-lab DFlash drafter checkpoint (config.json + *.safetensors) and checks it fits the target.
+
+Both architectures: `DFlashDraftModel` and `DFlash2DraftModel` (whose tensor names, codebooks
+included, are exactly our module's parameter names: no key mapping needed).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import DFlashConfig, DraftCheckpointError
+from .dflash2 import build_draft_model
 from .model import DFlashDraftModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,14 +70,15 @@ def read_draft_config(draft_dir: str | Path, target_config: dict[str, Any]) -> D
 def load_draft_model(
     draft_dir: str | Path, target_config: dict[str, Any], dtype: str | torch.dtype = "float32"
 ) -> DFlashDraftModel:
-    """Builds the drafter from a z-lab checkpoint directory; raises `DraftCheckpointError` when the
-    checkpoint is incomplete, malformed or does not fit the target."""
+    """Builds the drafter (a `DFlash2DraftModel` for DFlash 2 checkpoints) from a z-lab checkpoint
+    directory; raises `DraftCheckpointError` when the checkpoint is incomplete, malformed or does
+    not fit the target."""
     dtype = torch_dtype(dtype)
     config = read_draft_config(draft_dir, target_config)
     tensors = _read_tensors(Path(draft_dir))
 
     with torch.device("meta"):
-        model = DFlashDraftModel(config)
+        model = build_draft_model(config)
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

@@ -114,10 +114,25 @@ class DFlashDecoderLayer(nn.Module):
         self.self_attn = DFlashAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DFlashMLP(config)
+        # DFlash 2 sets both to a `GroupedDynamicCausalConv` (torchax_proposer/dflash2.py).
+        self.attention_conv: nn.Module | None = None
+        self.mlp_conv: nn.Module | None = None
 
-    def forward(self, h, cos, sin, context_kv: KV, mask: torch.Tensor | None) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, context_kv, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(
+        self, h, cos, sin, context_kv: KV, mask: torch.Tensor | None, block_len: int | None = None
+    ) -> torch.Tensor:
+        attention = lambda x: self.self_attn(x, cos, sin, context_kv, mask)  # noqa: E731
+        h = h + _around(self.attention_conv, attention, self.input_layernorm(h), block_len)
+        return h + _around(self.mlp_conv, self.mlp, self.post_attention_layernorm(h), block_len)
+
+
+def _around(conv: nn.Module | None, sublayer, x: torch.Tensor, block_len: int | None) -> torch.Tensor:
+    """sublayer(x) (DFlash 1), or DFlash 2's convolution on each side of it: the input side's
+    dynamic kernel and the output side's both come from the sublayer's input x."""
+    if conv is None:
+        return sublayer(x)
+    x, output_kernel = conv.prepare(x, block_len)
+    return conv.finish(sublayer(x), output_kernel, block_len)
 
 
 class DFlashDraftModel(nn.Module):
@@ -180,6 +195,7 @@ class DFlashDraftModel(nn.Module):
         past_kv: list[KV] | None = None,
         key_valid: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        block_len: int | None = None,
     ) -> tuple[torch.Tensor | None, list[KV]]:
         """One drafter pass.
 
@@ -194,6 +210,8 @@ class DFlashDraftModel(nn.Module):
         attention_mask    [n, 1, B, T + C + B] bool, ANDed with the masks above (None = none):
                                             lets training pack several blocks into one row, each
                                             seeing only its own context prefix and its own block
+        block_len         length of each block packed in a row of noise_embedding (None: the row
+                                            is one block); DFlash 2's convolutions stop at block edges
 
         Returns (final-normed hidden states [n, B, H] or None, per layer (K, V) of the new rows).
         """
@@ -213,7 +231,7 @@ class DFlashDraftModel(nn.Module):
         h = noise_embedding
         cos, sin = self.rope(block_positions, h.dtype)
         for layer, kv, attention in zip(self.layers, context_kv, self.config.layer_attention):
-            h = layer(h, cos, sin, kv, masks.get(*attention))
+            h = layer(h, cos, sin, kv, masks.get(*attention), block_len)
         return self.norm(h), new_kv
 
 

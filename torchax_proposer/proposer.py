@@ -7,13 +7,16 @@ State of a sequence with committed length L (tokens whose target K/V is final):
 So cache_len + pending == L at all times: the drafter never holds anything of an unverified draft.
 
 Protocol per decode step:  propose(ids, bonus) -> drafts;  target verifies;  commit(ids, a, aux).
+A DFlash 2 drafter (torchax_proposer/dflash2.py) drafts its selector's path: `propose` gives the
+greedy path, `propose_path(ids, bonus, temperatures=, key=)` samples one and returns q over its
+candidates for rejection sampling.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +32,14 @@ from .jax_drafter import (
     next_power_of_two,
 )
 from .loader import load_draft_model, torch_dtype
+
+
+class DraftPath(NamedTuple):
+    """`DFlashProposer.propose_path`'s result for n sequences (numpy, on the host)."""
+
+    tokens: np.ndarray  # int32 [n, B-1]: the drafts (the path)
+    candidates: np.ndarray  # int32 [n, B-1, K]: each position's top-K token ids
+    probs: np.ndarray | None  # float32 [n, B-1, K]: q over the candidates when sampling
 
 
 @dataclass
@@ -96,6 +107,13 @@ class DFlashProposer:
             ids = np.asarray(token_map, np.int64).reshape(-1)
             if ids.size == 0 or ids.min() < 0 or ids.max() >= shape[0] or len(np.unique(ids)) != ids.size:
                 raise ValueError(f"token_map must hold distinct token ids in [0, {shape[0]})")
+            # DFlash 2: the selector's candidates are the top-K of the mapped logits, mapped back
+            # to token ids (its codebooks cover the whole vocabulary), so the map needs K ids.
+            if self.config.is_dflash2 and ids.size < self.config.selector_top_k:
+                raise ValueError(
+                    f"token_map has {ids.size} ids, fewer than the DFlash 2 selector's "
+                    f"selector_top_k={self.config.selector_top_k} (its candidates come from the map)"
+                )
             self.token_map = jnp.asarray(ids, jnp.int32)
             self.lm_head = self.lm_head[self.token_map]
         self.params = model_params(self.model)
@@ -162,44 +180,24 @@ class DFlashProposer:
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Drafts B-1 tokens per sequence: block [bonus, MASK x (B-1)] at positions L .. L+B-1.
 
-        Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits)."""
-        states = [self._state(s) for s in seq_ids]
-        if len(set(seq_ids)) != len(seq_ids):
-            raise DrafterStateError(f"duplicate sequence ids in propose: {list(seq_ids)}")
-        bonus = np.asarray(bonus_tokens).reshape(-1)
-        if len(bonus) != len(states):
-            raise DrafterStateError(f"{len(bonus)} bonus tokens for {len(states)} sequences")
-        if len(states) == 0:
+        Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits).
+        A DFlash 2 drafter returns its selector's greedy path; it has no logits to sample drafts
+        from (its draws depend on the path so far): sampling goes through `propose_path`."""
+        if self.config.is_dflash2:
+            if return_logits:
+                raise ValueError("a DFlash 2 drafter samples its own path: use propose_path(..., temperatures=, key=)")
+            return self.propose_path(seq_ids, bonus_tokens).tokens
+        batch = self._draft_batch(seq_ids, bonus_tokens)
+        if batch is None:
             empty = np.zeros((0, self.block_size - 1), np.int32)
             vocab = self.config.vocab_size
             return (empty, np.zeros((0, self.block_size - 1, vocab), np.float32)) if return_logits else empty
-        if not np.issubdtype(bonus.dtype, np.integer) or bonus.min() < 0 or bonus.max() >= self.config.vocab_size:
-            raise DrafterStateError(f"bonus tokens must be token ids in [0, {self.config.vocab_size}), got {bonus}")
-
-        batch = next_power_of_two(len(states))
-        pad = batch - len(states)
-        # Padding rows: slot 0, nothing cached, nothing pending -> they only write the trash row.
-        slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
-        cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
-        new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-        features = tuple(s.pending if s.pending is not None else self._no_rows for s in states)
-        features += (self._no_rows,) * pad
-        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(int(cache_lens.max()))))
-
+        states, inputs, read_len = batch
         tokens, logits, self.k_cache, self.v_cache = self._jit.draft(
-            self.params,
-            self.embed,
-            self.lm_head,
-            self.k_cache,
-            self.v_cache,
-            features,
-            *jax.device_put([new_lens, cache_lens, slots]),
-            jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
-            self.token_map,
+            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
             read_len=read_len,
         )
-        for state in states:
-            state.cache_len, state.pending, state.num_pending = state.committed_len, None, 0
+        self._drafted(states)
         tokens = np.asarray(tokens)[: len(states)]
         if not return_logits:
             return tokens
@@ -209,6 +207,41 @@ class DFlashProposer:
             full[..., np.asarray(self.token_map)] = logits
             logits = full
         return tokens, logits
+
+    def propose_path(
+        self, seq_ids: Sequence[Any], bonus_tokens: Any, *, temperatures: Any = None, key: jax.Array | None = None
+    ) -> DraftPath:
+        """DFlash 2: the selector's path from each bonus token, in one jitted step.
+
+        temperatures None: greedy (the argmax path; `probs` is None). temperatures [n] (0 = a
+        greedy row) with a PRNG `key`: each draft is drawn from q = softmax(score / T) over the K
+        candidates of its position given the draft before it, and q is returned for rejection
+        sampling (`dense_draft_probs` turns it into `rejection_accept`'s draft_probs)."""
+        if not self.config.is_dflash2:
+            raise ValueError("propose_path needs a DFlash 2 drafter; DFlash 1 samples from propose(..., return_logits=True)")
+        sampling = temperatures is not None
+        if sampling:
+            temperatures = np.asarray(temperatures, np.float32).reshape(-1)
+            if len(temperatures) != len(seq_ids) or not np.all(temperatures >= 0) or key is None:
+                raise ValueError(f"sampling needs {len(seq_ids)} temperatures >= 0 and a PRNG key")
+        batch = self._draft_batch(seq_ids, bonus_tokens)
+        top_k = self.config.selector_top_k
+        if batch is None:
+            shape = (0, self.block_size - 1)
+            return DraftPath(np.zeros(shape, np.int32), np.zeros((*shape, top_k), np.int32),
+                             np.zeros((*shape, top_k), np.float32) if sampling else None)
+        states, inputs, read_len = batch
+        if sampling:  # padding rows are greedy
+            padded = np.zeros(inputs[-1].shape[0], np.float32)
+            padded[: len(states)] = temperatures
+            temperatures = jax.device_put(padded)
+        tokens, candidates, probs, self.k_cache, self.v_cache = self._jit.draft_path(
+            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
+            temperatures, key, read_len=read_len,
+        )
+        self._drafted(states)
+        n = len(states)
+        return DraftPath(np.asarray(tokens)[:n], np.asarray(candidates)[:n], None if probs is None else np.asarray(probs)[:n])
 
     def commit(self, seq_ids: Sequence[Any], accepted_counts: Any, aux_features: Sequence[Any]) -> None:
         """After verification: aux_features[i] [a_i+1, n_aux*H] are the target's features of the
@@ -238,6 +271,42 @@ class DFlashProposer:
             state.num_pending = count + 1
 
     # ---- internals ----------------------------------------------------------------------------
+
+    def _draft_batch(self, seq_ids: Sequence[Any], bonus_tokens: Any) -> tuple[list[_SeqState], tuple, int] | None:
+        """Checks a propose call and pads it to a power-of-two batch: (states, the draft step's
+        inputs from `features` to `bonus_tokens`, read_len), or None for an empty batch."""
+        states = [self._state(s) for s in seq_ids]
+        if len(set(seq_ids)) != len(seq_ids):
+            raise DrafterStateError(f"duplicate sequence ids in propose: {list(seq_ids)}")
+        bonus = np.asarray(bonus_tokens).reshape(-1)
+        if len(bonus) != len(states):
+            raise DrafterStateError(f"{len(bonus)} bonus tokens for {len(states)} sequences")
+        if len(states) == 0:
+            return None
+        if not np.issubdtype(bonus.dtype, np.integer) or bonus.min() < 0 or bonus.max() >= self.config.vocab_size:
+            raise DrafterStateError(f"bonus tokens must be token ids in [0, {self.config.vocab_size}), got {bonus}")
+
+        batch = next_power_of_two(len(states))
+        pad = batch - len(states)
+        # Padding rows: slot 0, nothing cached, nothing pending -> they only write the trash row.
+        slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
+        cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
+        new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
+        features = tuple(s.pending if s.pending is not None else self._no_rows for s in states)
+        features += (self._no_rows,) * pad
+        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(int(cache_lens.max()))))
+        inputs = (
+            features,
+            *jax.device_put([new_lens, cache_lens, slots]),
+            jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
+        )
+        return states, inputs, read_len
+
+    @staticmethod
+    def _drafted(states: list[_SeqState]) -> None:
+        """After a draft step: each sequence's pending rows are in its cache now."""
+        for state in states:
+            state.cache_len, state.pending, state.num_pending = state.committed_len, None, 0
 
     def _state(self, seq_id: Any) -> _SeqState:
         if seq_id not in self._seqs:

@@ -95,14 +95,50 @@ class TorchDrafter:
     def propose(
         self, seq_ids: Sequence[Any], bonus_tokens: Sequence[int], *, return_logits: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Greedy drafts [n, B-1] (and float32 logits [n, B-1, V] when asked)."""
-        if len(bonus_tokens) != len(seq_ids):
-            raise DrafterStateError(f"{len(bonus_tokens)} bonus tokens for {len(seq_ids)} sequences")
-        empty = torch.zeros(0, self.block_size, self.model.config.hidden_size, device=self.device, dtype=self.dtype)
-        hidden = torch.stack([self.draft(s, int(b)) for s, b in zip(seq_ids, bonus_tokens)]) if len(seq_ids) else empty
+        """Greedy drafts [n, B-1] (and float32 logits [n, B-1, V] when asked). DFlash 2: the
+        selector's greedy path (no logits: sample with `propose_path`)."""
+        if self.model.config.is_dflash2:
+            if return_logits:
+                raise ValueError("a DFlash 2 drafter samples its own path: use propose_path(..., temperatures=)")
+            return self.propose_path(seq_ids, bonus_tokens)[0]
+        hidden = self._block_hidden(seq_ids, bonus_tokens)
         logits = self.model.compute_logits(hidden[:, 1:], self.lm_head).float()
         tokens = logits.argmax(-1).to(torch.int32)
         return (tokens, logits) if return_logits else tokens
+
+    @torch.inference_mode()
+    def propose_path(
+        self,
+        seq_ids: Sequence[Any],
+        bonus_tokens: Sequence[int],
+        *,
+        temperatures: Sequence[float] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """DFlash 2: (path [n, B-1], candidates [n, B-1, K], q [n, B-1, K] or None), as
+        `DFlashProposer.propose_path` (greedy when temperatures is None)."""
+        if not self.model.config.is_dflash2:
+            raise ValueError("propose_path needs a DFlash 2 drafter")
+        hidden = self._block_hidden(seq_ids, bonus_tokens)[:, 1:]
+        gumbel = temperature = None
+        if temperatures is not None:
+            temperature = torch.as_tensor(temperatures, dtype=torch.float32, device=self.device)
+            shape = (*hidden.shape[:2], self.model.top_k)
+            # Standard Gumbel noise: -log(E) with E ~ Exp(1).
+            gumbel = -torch.empty(shape, device=self.device).exponential_(generator=generator).log()
+        anchors = torch.as_tensor([int(b) for b in bonus_tokens], device=self.device, dtype=torch.long)
+        path, candidates, probs = self.model.propose(
+            hidden, anchors, self.lm_head, temperature=temperature, gumbel=gumbel
+        )
+        return path.to(torch.int32), candidates.to(torch.int32), probs
+
+    def _block_hidden(self, seq_ids: Sequence[Any], bonus_tokens: Sequence[int]) -> torch.Tensor:
+        """`draft` of every sequence, stacked: [n, B, H]."""
+        if len(bonus_tokens) != len(seq_ids):
+            raise DrafterStateError(f"{len(bonus_tokens)} bonus tokens for {len(seq_ids)} sequences")
+        if not len(seq_ids):
+            return torch.zeros(0, self.block_size, self.model.config.hidden_size, device=self.device, dtype=self.dtype)
+        return torch.stack([self.draft(s, int(b)) for s, b in zip(seq_ids, bonus_tokens)])
 
     def commit(self, seq_ids: Sequence[Any], accepted_counts: Sequence[int], aux_features: Sequence[torch.Tensor]) -> None:
         """aux_features[i] [a_i+1, n_aux*H]: target features of the block's first a_i+1 tokens."""
