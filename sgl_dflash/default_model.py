@@ -77,15 +77,15 @@ def ensure_default_model(
 
 
 def build_default_model(model: DefaultModel, spec: DefaultModelSpec, progress: bool = True) -> None:
-    from sgl_dflash.train.core import train_drafter
+    from sgl_dflash.train import train_drafter
 
     chats = chat_samples(spec.topics)
     tokenizer = train_tokenizer([c["text"] for c in chats], spec.vocab_size, model.target_dir)
     train_target(model.target_dir, tokenizer, [c["text"] for c in chats], spec, progress)
     prompts = [tokenizer.encode(c["prompt"], add_special_tokens=False) for c in chats]
-    sequences, masks = greedy_answers(model.target_dir, prompts, spec.answer_tokens)
+    sequences, prompt_lens = greedy_answers(model.target_dir, prompts, spec.answer_tokens)
     train_drafter(
-        model.target_dir, model.draft_dir, sequences, loss_mask=masks, num_layers=spec.draft_layers,
+        model.target_dir, model.draft_dir, sequences, prompt_lens=prompt_lens, num_layers=spec.draft_layers,
         block_size=spec.draft_block_size, steps=spec.draft_steps, lr=spec.draft_lr, seed=spec.seed,
         mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"), progress=progress,
     )
@@ -182,16 +182,15 @@ def train_target(out_dir: str | Path, tokenizer, texts: list[str], spec: Default
 
 
 def greedy_answers(target_dir: str, prompts: list[list[int]], max_new_tokens: int):
-    """The target's own greedy answers (the drafter learns to predict the target), with a loss
-    mask over the answer tokens."""
+    """The target's own greedy answers (the drafter learns to predict the target) after each prompt,
+    and the prompt lengths (the answers are the supervised part)."""
     from sgl_dflash.engine import Engine
 
     engine = Engine(model_path=target_dir, skip_tokenizer_init=True, max_running_requests=32,
                     max_total_tokens=32 * 512)
     outputs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens})
     sequences = [p + o["output_ids"] for p, o in zip(prompts, outputs)]
-    masks = [[False] * len(p) + [True] * len(o["output_ids"]) for p, o in zip(prompts, outputs)]
-    return sequences, masks
+    return sequences, [len(p) for p in prompts]
 
 
 def use_compilation_cache(cache_dir: str | Path = CACHE_DIR.parent / "jax_compilation_cache") -> None:

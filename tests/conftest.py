@@ -99,16 +99,15 @@ def none_engine(engine_kwargs):
 @pytest.fixture(scope="session")
 def trained_draft_dir(tmp_path_factory, spec_target_dir, none_engine):
     """A drafter that accepts: trained briefly (sgl_dflash.train) on the target's greedy outputs."""
-    from sgl_dflash.train.core import train_drafter
+    from sgl_dflash.train import train_drafter
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 16, size=int(rng.integers(3, 12))).tolist() for _ in range(32)]
     outs = none_engine.generate(input_ids=prompts, sampling_params={
         "temperature": 0.0, "max_new_tokens": 48, "ignore_eos": True})
     sequences = [p + o["output_ids"] for p, o in zip(prompts, outs)]
-    masks = [[False] * len(p) + [True] * len(o["output_ids"]) for p, o in zip(prompts, outs)]
     path = tmp_path_factory.mktemp("trained_draft")
-    train_drafter(spec_target_dir, path, sequences, loss_mask=masks, block_size=16, steps=40,
+    train_drafter(spec_target_dir, path, sequences, prompt_lens=[len(p) for p in prompts], block_size=16, steps=40,
                   target_layer_ids=DRAFT_LAYER_IDS, batch_size=8, num_anchors=16, lr=3e-3, progress=False)
     return str(path)
 

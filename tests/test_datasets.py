@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from sgl_dflash import datasets
@@ -103,3 +104,26 @@ def test_read_jsonl_names_bad_lines(tmp_path):
         datasets.read_jsonl(path)
     with pytest.raises(datasets.DatasetError, match="unknown dataset"):
         datasets.load_benchmark("imagenet")
+
+
+def test_kept_response_set_holds_only_decontaminated_training_prompts(extracted):
+    """Every response in data/ answers a training prompt (never a benchmark one), and its stored
+    prompt tokens are exactly that prompt under the target's chat template."""
+    from transformers import AutoTokenizer
+
+    from sgl_dflash import model_import
+    from sgl_dflash.train.regenerate import chat_prompt_ids
+    from sgl_dflash.train.responses import ResponseSet, default_set_dir
+
+    _, train = extracted
+    by_id: dict[str, list[str]] = {}  # a few stdlib-derived ids name two functions of one module
+    for r in train:
+        by_id.setdefault(r["id"], []).append(r["prompt"])
+    responses = ResponseSet.load(default_set_dir(model_import.DEFAULT_MODEL_NAME))
+    assert len(responses) > 10_000
+    assert not [r.id for r in responses if r.id not in by_id]
+    tokenizer = AutoTokenizer.from_pretrained(model_import.ensure_default_model())
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(responses), size=400, replace=False):
+        row = responses.rows[i]
+        assert row.prompt_ids.tolist() in [chat_prompt_ids(tokenizer, p) for p in by_id[row.id]], row.id

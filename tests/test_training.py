@@ -1,8 +1,10 @@
-"""DFlash drafter training: anchors, the block attention mask, the loss, and a tiny end-to-end run
-whose trained drafter is measured with the z-lab reference `dflash_generate` (real spec decoding)."""
+"""DFlash drafter training: the kept response set, loop trimming, blocks and labels from the target's
+prefill, the block attention mask, resumable training, and a tiny end-to-end run whose drafter is
+measured with the z-lab reference `dflash_generate` (real spec decoding)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,21 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_dflash.train import core
+from sgl_dflash.train import core, trainer
+from sgl_dflash.train.responses import ResponseSet, ResponseSetError
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
 BLOCK = 8
 
 
-def test_valid_anchor_positions_need_two_supervised_tokens():
-    mask = np.array([0, 1, 1, 1, 0, 1, 0, 1, 1], dtype=bool)
-    assert core.valid_anchor_positions(mask).tolist() == [1, 2, 7]
-    rng = np.random.default_rng(0)
-    assert core.sample_anchors(mask, 10, rng).tolist() == [1, 2, 7]
-    picked = core.sample_anchors(np.ones(100, dtype=bool), 5, rng)
-    assert len(set(picked.tolist())) == 5 and (np.diff(picked) > 0).all()
-
-
+# -- the recipe's pieces --------------------------------------------------------------------------
 def test_block_attention_mask_sees_strictly_earlier_context_and_own_block():
     anchors = torch.tensor([[3, 6]])
     mask = core.block_attention_mask(8, anchors, block_size=2)[0, 0]
@@ -44,72 +39,120 @@ def test_loss_weights_follow_the_paper_decay():
     assert core.loss_gamma(8) == 4.0 and core.loss_gamma(10) == 5.0
 
 
-def test_make_batch_labels_are_the_tokens_after_each_anchor():
-    tokens = [np.arange(10, 20), np.arange(30, 36)]
-    masks = [np.ones(10, dtype=bool), np.array([0, 0, 1, 1, 1, 1], dtype=bool)]
-    feats = [torch.zeros(10, 4), torch.zeros(6, 4)]
-    batch = core.make_batch(tokens, masks, feats, block_size=4, num_anchors=3,
-                            rng=np.random.default_rng(1))
-    for row in range(2):
-        for j, a in enumerate(batch.anchors[row].tolist()):
-            for k in range(3):
-                if batch.label_mask[row, j, k]:
-                    assert batch.labels[row, j, k] == batch.token_ids[row, a + 1 + k]
-                    assert masks[row][a + 1 + k]
-    # Second sequence: anchors only at 2, 3, 4; labels past the end are masked.
-    assert sorted(batch.anchors[1].tolist()) == [2, 3, 4]
-    assert batch.label_mask[1].sum(-1).tolist() == [3, 2, 1]
-
-
-def test_sampled_softmax_keeps_every_label_and_equals_full_ce_when_it_covers_the_vocab():
-    vocab = core.TrainVocab(torch.tensor([7, 3, 3, 11]), vocab_size=16, num_negatives=4)
-    assert vocab.ids.tolist() == [3, 7, 11] and vocab.index[[3, 7, 11, 5]].tolist() == [0, 1, 2, -1]
-    head = torch.randn(16, 8)
-    rows = vocab.rows(head, torch.Generator().manual_seed(0))
-    assert rows.shape == (3 + 4, 8) and torch.equal(rows[:3], head[[3, 7, 11]])
-    others = {tuple(r.tolist()) for r in rows[3:]}
-    assert not others & {tuple(head[i].tolist()) for i in (3, 7, 11)}  # negatives are other ids
-
-    # With every id covered (num_negatives >= the rest), the sampled loss is the full loss.
-    from torchax_proposer import DFlashConfig
-
-    config = core.build_draft_config({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
-                                      "intermediate_size": 16, "vocab_size": 16}, block_size=4,
-                                     target_layer_ids=[0])
-    model = core.new_draft_model(config)
-    assert DFlashConfig.from_dict(config).block_size == 4
-    tokens = [np.array([1, 3, 7, 11, 3, 7, 11, 3])]
-    batch = core.make_batch(tokens, [np.ones(8, dtype=bool)], [torch.randn(8, 8)], block_size=4,
-                            num_anchors=3, rng=np.random.default_rng(0))
-    embed = torch.randn(16, 8)
-    weights = core.loss_weights(4)
-    full, _ = core.dflash_loss(model, embed, head, batch, block_size=4, weights=weights)
-    covered = core.TrainVocab(torch.tensor([3, 7, 11]), vocab_size=16, num_negatives=100)
-    sampled, _ = core.dflash_loss(model, embed, head, batch, block_size=4, weights=weights, vocab=covered,
-                                  generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(full, sampled, atol=1e-5)
-    # Labels outside the used ids are not supervised (no index error, finite loss).
-    partial = core.TrainVocab(torch.tensor([3, 7]), vocab_size=16, num_negatives=2)
-    loss, _ = core.dflash_loss(model, embed, head, batch, block_size=4, weights=weights, vocab=partial)
-    assert torch.isfinite(loss)
-
-
 def test_lr_schedule_warms_up_then_decays_to_zero():
     lrs = [core.lr_at(s, 100, 1.0) for s in range(100)]
     assert lrs[0] == pytest.approx(0.25) and lrs[3] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] < 0.01
 
 
-def test_bad_training_inputs_are_rejected(tmp_path):
-    with pytest.raises(core.TrainingDataError, match="empty"):
-        core.train_drafter(tmp_path, tmp_path / "out", [])
-    with pytest.raises(core.TrainingDataError, match="loss_mask"):
-        core.train_drafter(tmp_path, tmp_path / "out", [[1, 2, 3]], loss_mask=[[True]])
-    with pytest.raises(core.TrainingDataError, match="target_layer_ids"):
-        core.build_draft_config({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
-                                 "vocab_size": 16, "intermediate_size": 16}, target_layer_ids=[5])
+def test_loop_tails_are_found_and_cut_after_three_periods():
+    text = np.arange(100, 200)
+    loop = np.tile([7, 8, 9, 10, 11], 40)  # period 5, 200 tokens
+    tokens = np.concatenate([text, loop])
+    assert trainer.loop_start(tokens) == (100, 5)
+    assert trainer.loop_start(text) is None and trainer.loop_start(loop[:50]) is None  # short: no verdict
+    from sgl_dflash.train.responses import Response
+
+    row = Response("x", "s", np.array([1, 2, 3]), tokens, "length", "greedy")
+    seq = trainer.to_train_sequence(row, trim_loops=True, max_seq_len=10_000)
+    assert seq.response_start == 3 and len(seq.tokens) == 3 + 100 + 15
+    assert len(trainer.to_train_sequence(row, trim_loops=False, max_seq_len=10_000).tokens) == 303
+    assert len(trainer.to_train_sequence(row, trim_loops=False, max_seq_len=50).tokens) == 50
 
 
+def test_blocks_label_the_targets_greedy_tokens_while_the_text_agrees():
+    # One sequence: prompt of 2, response of 8. The target's argmax agrees with the text except
+    # at position 6 (it would have said 99 instead of the sampled 6).
+    tokens = torch.arange(10)[None]
+    next_ids = torch.arange(1, 11)[None].clone()  # argmax at p predicts token p+1 ...
+    next_ids[0, 5] = 99  # ... except at p=5: the target's token at position 6 is 99
+    seq = trainer.TrainSequence("s", tokens[0].numpy(), 2, greedy=False)
+    blocks = trainer.make_blocks([seq], tokens, torch.zeros(1, 10, 4), next_ids, block_size=4, max_anchors=100,
+                                 rng=None)
+    assert blocks.anchors[0].tolist() == list(range(2, 9))  # every response position with a next token
+    by_anchor = {a: (blocks.labels[0, j].tolist(), blocks.label_mask[0, j].tolist())
+                 for j, a in enumerate(blocks.anchors[0].tolist())}
+    assert by_anchor[2] == ([3, 4, 5], [1, 1, 1])
+    # Anchor 4: offset 2 is the target's 99 (supervised, the text agreed up to it); offset 3 is not
+    # supervised, because the text (6) left the target's greedy path at offset 2.
+    assert by_anchor[4] == ([5, 99, 7], [1, 1, 0])
+    assert by_anchor[8][1] == [1, 0, 0]  # past the end of the sequence
+    full = trainer.make_blocks([seq], tokens, torch.zeros(1, 10, 4), next_ids, block_size=4, max_anchors=100,
+                               rng=None, full_blocks_only=True)
+    assert full.anchors[0].tolist() == list(range(2, 7))
+    sampled = trainer.make_blocks([seq], tokens, torch.zeros(1, 10, 4), next_ids, block_size=4, max_anchors=3,
+                                  rng=np.random.default_rng(0))
+    assert len(set(sampled.anchors[0].tolist())) == 3
+
+
+# -- the kept response set ------------------------------------------------------------------------
+def _rows(ids, n_out=5, big=False):
+    top = 70_000 if big else 1000
+    return [{"id": i, "source": "math" if k % 2 else "sharegpt", "prompt_ids": [1, 2, k],
+             "output_ids": list(range(top - n_out - k, top - k)), "finish": "stop" if k % 2 else "length"}
+            for k, i in enumerate(ids)]
+
+
+def test_response_set_round_trip_never_stores_a_prompt_twice(tmp_path):
+    target = {"name": "t", "checksum": "sha256:abc"}
+    rs = ResponseSet.open(tmp_path / "set", target)
+    assert rs.append(_rows(["a", "b", "a"]), sampling="greedy", generated_by="test") == 2
+    assert rs.append(_rows(["b", "c"]), sampling="greedy", generated_by="test") == 1  # b is kept once
+    assert rs.append(_rows(["b"]), sampling="temperature 1, top_p 1", generated_by="test") == 1  # other sampling
+    assert rs.append(_rows(["d"], big=True), sampling="greedy", generated_by="test") == 1  # ids >= 2**16
+    assert rs.append(_rows(["a"]), sampling="greedy", generated_by="test") == 0
+    loaded = ResponseSet.load(tmp_path / "set")
+    assert [r.id for r in loaded] == ["a", "b", "c", "b", "d"]
+    assert loaded.has("b", "greedy") and not loaded.has("c", "temperature 1, top_p 1")
+    assert loaded.rows[4].output_ids.max() == 69_999 and loaded.rows[2].prompt_ids.tolist() == [1, 2, 1]
+    assert [r.greedy for r in loaded] == [True, True, True, False, True]
+    assert len(ResponseSet.load(tmp_path / "set", sampling="greedy")) == 4
+    totals = loaded.manifest["totals"]
+    assert totals["responses"] == 5 and totals["response_tokens"] == 25 and totals["shards"] == 4
+    assert loaded.manifest["shards"][0]["finish"] == {"length": 1, "stop": 1}
+    assert loaded.used_token_ids() == sorted({t for r in loaded for t in r.output_ids.tolist()})
+
+    with pytest.raises(ResponseSetError, match="checksum"):
+        ResponseSet.open(tmp_path / "set", {"name": "t", "checksum": "sha256:other"})
+    with pytest.raises(ResponseSetError, match="'output_ids'"):
+        rs.append([{"id": "e", "source": "s", "prompt_ids": [1], "finish": "stop"}], sampling="greedy",
+                  generated_by="test")
+    with pytest.raises(ResponseSetError, match="finish"):
+        rs.append([{**_rows(["e"])[0], "finish": "eos"}], sampling="greedy", generated_by="test")
+    with pytest.raises(ResponseSetError, match="no manifest"):
+        ResponseSet.load(tmp_path)
+    (tmp_path / "set" / "shard-00001.npz").unlink()
+    with pytest.raises(ResponseSetError, match="shard-00001.npz"):
+        ResponseSet.load(tmp_path / "set")
+
+
+def test_holdout_split_is_stable_when_the_set_grows():
+    from sgl_dflash.train.responses import Response
+
+    def rows(n):
+        return [Response(f"id{i}", "s", np.array([1]), np.array([2, 3]), "stop", "greedy") for i in range(n)]
+
+    _, held_small = trainer.split_holdout(rows(200), 8)
+    train_big, held_big = trainer.split_holdout(rows(200) + [Response("id5", "s", np.array([1]), np.array([4]),
+                                                                      "stop", "temperature 1, top_p 1")], 8)
+    # Growing the set can only move a held-out prompt out of the top 8, never shuffle the rest in.
+    assert {r.id for r in held_small} == {r.id for r in held_big} and len(held_big) == 8
+    assert not {r.id for r in train_big} & {r.id for r in held_big}  # sampled rows of held prompts too
+
+
+def test_the_kept_smollm2_set_is_complete():
+    from sgl_dflash.train.responses import default_set_dir
+
+    path = default_set_dir("SmolLM2-135M-Instruct")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["totals"]["response_tokens"] >= 2_000_000
+    assert manifest["totals"]["by_sampling"]["greedy"]["responses"] >= 13_000
+    assert any(c["checked"] >= 16 and c["identical"] == c["checked"] for c in manifest.get("checks", []))
+    for shard in manifest["shards"]:
+        assert (path / shard["file"]).is_file(), shard["file"]
+
+
+# -- training -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """Tiny matmuls gain nothing from a second thread, and on a busy 2-core machine the idle one
@@ -155,126 +198,106 @@ def reference_tau(draft_dir, target_dir, prompts, new_tokens):
 
 @pytest.fixture(scope="module")
 def trained(tiny_target, tmp_path_factory):
-    prompts, seqs = greedy_sequences(tiny_target, 48, 8, 40, seed=0)
-    mask = torch.ones_like(seqs, dtype=torch.bool)
-    mask[:, :8] = False  # supervise the generated part only
+    _, seqs = greedy_sequences(tiny_target, 48, 8, 40, seed=0)
     out = tmp_path_factory.mktemp("draft")
-    result = core.train_drafter(tiny_target, out, seqs.tolist(), loss_mask=mask.tolist(), num_layers=1,
-                                block_size=BLOCK, steps=150, batch_size=8, num_anchors=16,
-                                lr=3e-3, seed=0, progress=False)
+    log = trainer.train_drafter(tiny_target, out, seqs.tolist(), prompt_lens=[8] * len(seqs), num_layers=1,
+                                block_size=BLOCK, steps=150, batch_size=8, num_anchors=16, lr=3e-3, seed=0,
+                                progress=False)
     untrained = tmp_path_factory.mktemp("untrained")
-    core.train_drafter(tiny_target, untrained, seqs.tolist(), loss_mask=mask.tolist(), num_layers=1,
-                       block_size=BLOCK, steps=0, seed=0, progress=False)
-    return result, untrained
+    trainer.train_drafter(tiny_target, untrained, seqs.tolist(), prompt_lens=[8] * len(seqs), num_layers=1,
+                          block_size=BLOCK, steps=0, seed=0, progress=False)
+    return out, log, untrained
 
 
 def test_training_loss_decreases(trained):
-    result, _ = trained
-    first, last = np.mean(result.losses[:10]), np.mean(result.losses[-10:])
-    assert last < 0.6 * first, (first, last)
+    _, log, _ = trained
+    losses = [r["loss"] for r in log["log"]]
+    first, last = np.mean(losses[:10]), np.mean(losses[-10:])
+    assert len(losses) == 150 and last < 0.6 * first, (first, last)
 
 
 def test_checkpoint_is_zlab_format(trained, tiny_target):
-    result, _ = trained
-    config = json.loads((result.out_dir / "config.json").read_text())
+    out, _, _ = trained
+    config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["block_size"] == BLOCK
     assert config["dflash_config"]["target_layer_ids"] == [2]
-    assert config["target"]["path"] == str(tiny_target)
-    assert config["training"]["lr"] == 3e-3
+    assert config["training"]["target"] == Path(tiny_target).name
+    assert config["training"]["recipe"]["lr"] == 3e-3 and config["training"]["steps_done"] == 150
     from safetensors import safe_open
 
-    with safe_open(result.out_dir / "model.safetensors", "pt") as f:
+    with safe_open(out / "model.safetensors", "pt") as f:
         names = set(f.keys())
     assert "fc.weight" in names and "layers.0.self_attn.q_proj.weight" in names
     assert not any(n.startswith(("model.", "embed", "lm_head")) for n in names)
 
 
 def test_trained_drafter_is_accepted_more_than_random(trained, tiny_target):
-    result, untrained = trained
+    out, _, untrained = trained
     held_out = torch.randint(3, 120, (4, 8), generator=torch.Generator().manual_seed(123))
-    tau_trained = reference_tau(result.out_dir, tiny_target, held_out, 32)
+    tau_trained = reference_tau(out, tiny_target, held_out, 32)
     tau_random = reference_tau(untrained, tiny_target, held_out, 32)
     print(f"tau trained {tau_trained:.2f} random {tau_random:.2f}")
     assert tau_trained > tau_random + 0.5, (tau_trained, tau_random)
 
 
-def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
-    """Fused regenerate+features stage (resumable per batch), then training interrupted and resumed
-    gives bit-identical weights to an uninterrupted run."""
+def test_teacher_forced_tau_matches_the_reference_loop(trained, tiny_target, tmp_path):
+    """`evaluate` (all anchors of a greedy text, teacher-forced) is the acceptance the real loop
+    sees: on the reference's own greedy outputs its tau lies close to dflash_generate's."""
+    from sgl_dflash.train.responses import Response
+
+    out, _, _ = trained
+    prompts, seqs = greedy_sequences(tiny_target, 6, 8, 48, seed=7)
+    rows = [Response(f"p{i}", "s", s[:8].numpy(), s[8:].numpy(), "length", "greedy") for i, s in enumerate(seqs)]
+    result = trainer.evaluate_checkpoint(tiny_target, rows, out, [BLOCK], holdout=6, trim_loops=False, device="cpu")
+    tau_ref = reference_tau(out, tiny_target, prompts, 48)
+    assert result[f"B{BLOCK}"]["sequences"] == 6
+    assert abs(result[f"B{BLOCK}"]["tau"] - tau_ref) < 0.35 * tau_ref, (result, tau_ref)
+
+
+def test_training_resumes_exactly_and_reports_held_out_tau(tiny_target, tmp_path):
+    """An interrupted run resumed from train_state.pt ends with the same weights as an uninterrupted
+    one; the final checkpoint records the held-out teacher-forced tau."""
     from safetensors.torch import load_file
 
-    from sgl_dflash.default_model import train_tokenizer
-    from sgl_dflash.train import pipeline
+    from sgl_dflash.train.responses import Response
 
-    target = tmp_path / "target"
-    tok = train_tokenizer([f"add {i} and {i + 1} gives {2 * i + 1}" for i in range(100)], 200, target)
-    make_tiny_target(target, "llama", vocab_size=len(tok), hidden_size=32, num_hidden_layers=3,
-                     num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
-    tok.save_pretrained(target)
-    prompts = [{"id": f"p{i}", "prompt": f"add {i} and {i + 2}", "source": "test"} for i in range(10)]
-    work = tmp_path / "work"
-    pipeline.regenerate_with_features(target, work, prompts[:6], [0, 1], max_new_tokens=10, batch_size=4)
-    pipeline.regenerate_with_features(target, work, prompts, [0, 1], max_new_tokens=10, batch_size=4)
-    rows = pipeline.read_responses(work / "responses.jsonl")
-    assert sorted(r["id"] for r in rows) == sorted(p["id"] for p in prompts)  # nothing twice
-    store = pipeline.FeatureStore(work / "features")
-    assert len(store) == 10
-    # Cached features == the target's layer outputs recomputed on the full sequence.
-    model = core.load_frozen_target(target)
-    tokens, mask, feats = store.items[-1]
-    expected = core.target_features(model, torch.as_tensor(tokens)[None], [0, 1])[0]
-    assert mask.sum() == len(tokens) - len(rows[-1]["prompt_ids"]) and mask[-1]
-    torch.testing.assert_close(feats[:-1].float(), expected[:-1], atol=2e-3, rtol=2e-3)
+    _, seqs = greedy_sequences(tiny_target, 24, 6, 24, seed=3)
+    rows = [Response(f"p{i}", "s", s[:6].numpy(), s[6:].numpy(), "length", "greedy") for i, s in enumerate(seqs)]
+    cfg = trainer.TrainConfig(num_layers=1, block_size=4, num_feature_layers=2, max_anchors=8, tokens_per_batch=120,
+                              steps=6, lr=1e-3, holdout=4, save_every_s=0.0, feature_noise=0.05)
+    full = trainer.train(tiny_target, rows, tmp_path / "full", cfg, device="cpu", progress=False)
+    trainer.train(tiny_target, rows, tmp_path / "resumed", cfg, device="cpu", progress=False, max_steps_this_call=2)
+    assert json.loads((tmp_path / "resumed" / "config.json").read_text())["training"]["steps_done"] == 2
+    trainer.train(tiny_target, rows, tmp_path / "resumed", cfg, device="cpu", progress=False)
+    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert full["steps_done"] == 6 and full["data"]["held_out_sequences"] == 4
+    assert set(full["held_out"]) == {"B4"} and 1.0 <= full["held_out"]["B4"]["tau"] <= 4.0
+    with pytest.raises(core.TrainingDataError, match="another config"):
+        trainer.train(tiny_target, rows, tmp_path / "full", dataclasses.replace(cfg, steps=7), device="cpu",
+                      progress=False)
 
-    # Our Engine writes the same training data in its one pass (tokens equal, features within fp16).
-    engine_work = tmp_path / "engine_work"
-    pipeline.regenerate(target, engine_work, prompts[:4], [0, 1], max_new_tokens=10, batch_size=4)
-    pipeline.regenerate(target, engine_work, prompts, [0, 1], max_new_tokens=10, batch_size=4)  # resumes
-    assert sorted(r["id"] for r in pipeline.read_responses(engine_work / "responses.jsonl")) == sorted(
-        p["id"] for p in prompts)
-    by_tokens = {tuple(t.tolist()): (m, f) for t, m, f in store.items}
 
-    def assert_same_data(feat_dir):
-        other = pipeline.FeatureStore(feat_dir)
-        assert len(other) == 10
-        for t, m, f in other.items:
-            ref_mask, ref_feats = by_tokens[tuple(t.tolist())]
-            assert np.array_equal(m, ref_mask)
-            torch.testing.assert_close(f.float(), ref_feats.float(), atol=2e-3, rtol=2e-3)
-
-    assert_same_data(engine_work / "features")
-    # The separate features stage (responses generated without features) writes the same shards.
-    late = tmp_path / "late_features"
-    late.mkdir()
-    (late / "responses.jsonl").write_text((engine_work / "responses.jsonl").read_text())
-    pipeline.compute_features(target, late, [0, 1], shard_size=5)
-    assert_same_data(late / "features")
-
-    args = pipeline.TrainArgs(num_layers=1, block_size=4, steps=6, batch_size=2, num_anchors=4,
-                              save_every=2, holdout=2, lr=1e-3)
-    pipeline.train(target, work, tmp_path / "full", args)
-    full = load_file(tmp_path / "full" / "model.safetensors")
-    pipeline.train(target, work, tmp_path / "resumed", args, stop_after=3)
-    pipeline.train(target, work, tmp_path / "resumed", args)
-    resumed = load_file(tmp_path / "resumed" / "model.safetensors")
-    assert full.keys() == resumed.keys()
-    for name in full:
-        assert torch.equal(full[name], resumed[name]), name
-    config = json.loads((tmp_path / "resumed" / "config.json").read_text())
-    assert config["training"]["steps_done"] == 6 and config["dtype"] == "bfloat16"
-    assert config["target"]["num_hidden_layers"] == 3
+def test_bad_training_inputs_are_rejected(tmp_path, tiny_target):
+    with pytest.raises(core.TrainingDataError, match="empty"):
+        trainer.train_drafter(tmp_path, tmp_path / "out", [])
+    with pytest.raises(core.TrainingDataError, match="prompt_lens"):
+        trainer.train_drafter(tmp_path, tmp_path / "out", [[1, 2, 3]], prompt_lens=[1, 2])
+    with pytest.raises(core.TrainingDataError, match="two tokens"):
+        trainer.train_drafter(tiny_target, tmp_path / "out", [[1, 2, 3]], prompt_lens=[2])
+    with pytest.raises(core.TrainingDataError, match="target_layer_ids"):
+        core.build_draft_config({"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+                                 "vocab_size": 16, "intermediate_size": 16}, target_layer_ids=[5])
 
 
 def test_init_from_target_layers_copies_the_last_layers(tiny_target):
     from safetensors.torch import load_file
 
-    from sgl_dflash.train import pipeline
-
     config = core.build_draft_config(json.loads((Path(tiny_target) / "config.json").read_text()),
                                      num_layers=2, block_size=4, target_layer_ids=[0, 2])
     model = core.new_draft_model(config)
-    pipeline.init_from_target_layers(model, tiny_target, [0, 2])
+    core.init_from_target_layers(model, tiny_target, [0, 2])
     target = load_file(str(Path(tiny_target) / "model.safetensors"))
     for i, src in enumerate((2, 3)):  # 4 target layers: the drafter's 2 layers <- layers 2 and 3
         for name in ("self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
@@ -287,6 +310,38 @@ def test_init_from_target_layers_copies_the_last_layers(tiny_target):
     assert torch.equal(model.hidden_norm.weight, target["model.layers.2.input_layernorm.weight"])
 
 
+# -- growing the set with our engine ---------------------------------------------------------------
+def test_regenerate_appends_resumes_and_verifies(tmp_path):
+    from sgl_dflash.default_model import train_tokenizer
+    from sgl_dflash.train import regenerate
+    from sgl_dflash.train.__main__ import main as train_cli
+
+    target = tmp_path / "target"
+    tok = train_tokenizer([f"add {i} and {i + 1} gives {2 * i + 1}" for i in range(100)], 200, target)
+    make_tiny_target(target, "llama", vocab_size=len(tok), hidden_size=32, num_hidden_layers=3,
+                     num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                     eos_token_id=tok.eos_token_id)
+    tok.save_pretrained(target)
+    prompts = [{"id": f"p{i}", "prompt": f"add {i} and {i + 2}", "source": "test"} for i in range(10)]
+    out = tmp_path / "set"
+    regenerate.regenerate(target, out, prompts[:6], max_new_tokens=10, batch_size=4, shard_size=4)
+    rs = regenerate.regenerate(target, out, prompts, max_new_tokens=10, batch_size=4, shard_size=4)
+    assert sorted(r.id for r in rs) == sorted(p["id"] for p in prompts)  # nothing twice
+    assert [s["responses"] for s in rs.manifest["shards"]] == [4, 2, 4]
+    assert all(r.finish in ("stop", "length") and 1 <= len(r.output_ids) <= 10 for r in rs)
+    assert rs.rows[0].prompt_ids.tolist() == regenerate.chat_prompt_ids(tok, prompts[0]["prompt"])
+    check = regenerate.verify(target, out, num=5, tokens=10)
+    assert check["checked"] == 5 and check["identical"] == 5
+    # A stored response the engine would not produce is caught.
+    rows = [{"id": "bad", "source": "test", "prompt_ids": rs.rows[0].prompt_ids.tolist(),
+             "output_ids": [(t + 1) % len(tok) for t in rs.rows[0].output_ids.tolist()], "finish": "length"}]
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    bad_set = tmp_path / "bad_set"
+    train_cli(["import", str(jsonl), "--sampling", "greedy", "--target", str(target), "--set", str(bad_set)])
+    assert regenerate.verify(target, bad_set, num=1, tokens=10)["mismatches"][0]["first_difference"] == 0
+
+
 def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
     import sgl_dflash
     from sgl_dflash import model_import
@@ -295,12 +350,16 @@ def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
     asset = Path(sgl_dflash.__file__).parent / "assets" / "smollm2-135m-dflash"
     config = json.loads((asset / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["dtype"] == "bfloat16"
-    assert config["dflash_config"]["block_size"] == 16
+    assert config["dflash_config"]["block_size"] == 8 and config["num_hidden_layers"] == 3
     assert config["target"]["name"] == "SmolLM2-135M-Instruct"
-    for key in ("lr", "steps_done", "loss_gamma", "data", "held_out", "num_sequences"):
-        assert key in config["training"], key
+    assert config["training"]["data"]["response_tokens"] >= 2_000_000
+    assert config["training"]["held_out"]["B8"]["tau"] > 2.5 and config["training"]["held_out"]["B8"]["sequences"] >= 64
+    for stage in config["training"]["stages"]:
+        assert {"recipe", "command", "steps_done", "train_seconds"} <= set(stage)
     assert (asset / "model.safetensors").stat().st_size < 50 * 2**20
+    token_map = json.loads((asset / "token_map.json").read_text())
+    assert token_map == sorted(set(token_map)) and 0 < len(token_map) < config["vocab_size"]
     converted = model_import.default_model_dir() / "config.json"
     target = json.loads(converted.read_text()) if converted.is_file() else config["target"]
     model = load_draft_model(asset, {k: target[k] for k in ("hidden_size", "vocab_size", "num_hidden_layers")})
-    assert model.block_size == 16 and model.target_layer_ids == config["dflash_config"]["target_layer_ids"]
+    assert model.block_size == 8 and model.target_layer_ids == config["dflash_config"]["target_layer_ids"]

@@ -5,6 +5,7 @@
     python -m sgl_dflash.train verify --num 16 --tokens 160       # imported rows == our Engine?
     python -m sgl_dflash.train train --out DIR --time-budget-s 1200   # CUDA if present, else CPU
     python -m sgl_dflash.train eval --draft DIR                   # held-out teacher-forced tau
+    python -m sgl_dflash.train token-map --out DIR/token_map.json # the ids the responses use
 
 Every command is resumable: rerun it after an interruption.
 """
@@ -33,7 +34,7 @@ def _set_dir(args) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sgl_dflash.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["regenerate", "import", "verify", "train", "eval"])
+    parser.add_argument("command", choices=["regenerate", "import", "verify", "train", "eval", "token-map"])
     parser.add_argument("files", nargs="*", type=Path, help="import: JSONL(.gz) files of responses")
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: converted SmolLM2)")
     parser.add_argument("--set", type=Path, default=None, help="response set dir (default data/<target name>)")
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--num", type=int, default=16, help="verify: rows to re-generate")
     g.add_argument("--tokens", type=int, default=160, help="verify: tokens compared per row")
     g = parser.add_argument_group("train / eval")
-    g.add_argument("--out", type=Path, default=None, help="drafter output dir")
+    g.add_argument("--out", type=Path, default=None, help="drafter output dir (token-map: the JSON file)")
     g.add_argument("--draft", type=Path, default=None, help="eval: drafter checkpoint dir")
     g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     g.add_argument("--num-layers", type=int, default=3)
@@ -82,9 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "regenerate":
         from sgl_dflash import datasets
         from sgl_dflash.train import regenerate
-        from sgl_dflash.train.pipeline import mix_prompts
 
-        prompts = mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
+        prompts = regenerate.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
         out = regenerate.regenerate(args.target, _set_dir(args), prompts, max_new_tokens=args.max_new_tokens,
                                     max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                     shard_size=args.shard_size, temperature=args.temperature, top_p=args.top_p,
@@ -138,6 +138,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(trainer.evaluate_checkpoint(args.target, ResponseSet.load(_set_dir(args)), args.draft,
                                                      args.block_sizes, holdout=args.holdout, device=args.device),
                          indent=1))
+    elif args.command == "token-map":
+        from sgl_dflash.train.responses import ResponseSet
+
+        if args.out is None:
+            parser.error("token-map needs --out FILE")
+        ids = ResponseSet.load(_set_dir(args)).used_token_ids()
+        args.out.write_text(json.dumps(ids) + "\n")
+        print(f"{args.out}: {len(ids)} token ids")
 
 
 if __name__ == "__main__":

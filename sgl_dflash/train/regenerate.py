@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from sgl_dflash.train.responses import ResponseSet, target_identity
+from sgl_dflash.train.responses import ResponseSet, ResponseSetError, target_identity
 
 
 def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
@@ -27,6 +28,25 @@ def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
     if hasattr(ids, "keys"):  # a BatchEncoding
         ids = ids["input_ids"]
     return [int(i) for i in ids]
+
+
+def mix_prompts(rows: list[dict], num: int, mix: dict[str, float], seed: int) -> list[dict]:
+    """`num` prompts drawn per source in proportion `mix` (deterministic order for a seed)."""
+    rng = random.Random(seed)
+    by_source: dict[str, list[dict]] = {}
+    for row in rows:
+        by_source.setdefault(row["source"], []).append(row)
+    unknown = set(mix) - set(by_source)
+    if unknown:
+        raise ResponseSetError(f"mix names unknown sources {sorted(unknown)}; have {sorted(by_source)}")
+    total = sum(mix.values())
+    picked = []
+    for source, share in mix.items():
+        pool = list(by_source[source])
+        rng.shuffle(pool)
+        picked += pool[: int(round(num * share / total))]
+    rng.shuffle(picked)
+    return picked
 
 
 def sampling_name(temperature: float, top_p: float) -> str:

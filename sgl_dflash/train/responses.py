@@ -124,6 +124,13 @@ class ResponseSet:
     def response_tokens(self) -> int:
         return int(sum(len(r.output_ids) for r in self.rows))
 
+    def used_token_ids(self) -> list[int]:
+        """Every token id some response uses, sorted: the drafter's hot-token map
+        (`--speculative-token-map`)."""
+        if not self.rows:
+            return []
+        return np.unique(np.concatenate([r.output_ids for r in self.rows])).tolist()
+
     # -- writing ---------------------------------------------------------------------------------
     def append(self, rows: Iterable[dict], *, sampling: str, generated_by: str, source_note: str = "") -> int:
         """Write `rows` ({"id", "source", "prompt_ids", "output_ids", "finish"}) as a new shard.

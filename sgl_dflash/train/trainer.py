@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from sgl_dflash.train import core
 from sgl_dflash.train.responses import Response, ResponseSet
+from torchax_proposer import default_target_layer_ids
 
 
 @dataclass
@@ -48,6 +49,7 @@ class TrainConfig:
     tokens_per_batch: int = 16384  # padded prompt+response tokens per step
     max_seq_len: int = 1024
     epochs: float = 4.0
+    steps: int | None = None  # a fixed step count instead of `epochs`
     time_budget_s: float | None = None  # fixes the step count after `probe_steps` steps
     probe_steps: int = 20
     lr: float = 6e-4
@@ -322,7 +324,7 @@ def _autocast(device: torch.device):
 
 def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response], out_dir: str | os.PathLike,
           cfg: TrainConfig, *, device: str | torch.device | None = None, max_steps_this_call: int | None = None,
-          progress: bool = True) -> dict:
+          progress: bool = True, save_dtype: torch.dtype = torch.bfloat16) -> dict:
     """Train (or resume) a drafter on `data`; writes the z-lab checkpoint and `train_log.json` to
     `out_dir` and returns the final summary (held-out tau included)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -332,7 +334,7 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
-    layer_ids = list(cfg.target_layer_ids or core.default_target_layer_ids(
+    layer_ids = list(cfg.target_layer_ids or default_target_layer_ids(
         int(target_config["num_hidden_layers"]), cfg.num_feature_layers))
     draft_config = core.build_draft_config(target_config, num_layers=cfg.num_layers, block_size=cfg.block_size,
                                            target_layer_ids=layer_ids, mask_token_id=cfg.mask_token_id)
@@ -351,9 +353,7 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
     with torch.no_grad():  # start at the target's output scale: its final norm feeds the same lm_head
         model.norm.weight.copy_(_target_final_norm(target.model))
     if cfg.init_layers_from_target:
-        from sgl_dflash.train.pipeline import init_from_target_layers
-
-        init_from_target_layers(model, target_dir, layer_ids)
+        core.init_from_target_layers(model, target_dir, layer_ids)
     if cfg.init_from:
         from safetensors.torch import load_file
 
@@ -364,7 +364,8 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
     weights = core.loss_weights(cfg.block_size, cfg.loss_gamma)
 
     steps_per_epoch = len(length_batches(seqs, cfg.tokens_per_batch, np.random.default_rng(0)))
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "total_steps": max(1, int(cfg.epochs * steps_per_epoch)),
+    total_steps = cfg.steps if cfg.steps is not None else max(1, int(cfg.epochs * steps_per_epoch))
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "total_steps": total_steps,
              "steps_fixed": cfg.time_budget_s is None, "elapsed_s": 0.0, "log": []}
     state_path = out_dir / "train_state.pt"
     if state_path.is_file():
@@ -381,15 +382,14 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
                     "state": state}, tmp)
         tmp.replace(state_path)
         summary = _summary(cfg, draft_config, target_dir, state, len(seqs), len(held), rows)
-        if final:
+        if final and held:
             summary["held_out"] = {f"B{b}": evaluate(model, target, held, b) for b in sorted({4, cfg.block_size})}
-        core.save_draft_checkpoint(model, draft_config, out_dir, dtype=torch.bfloat16, extra={"training": summary})
+        core.save_draft_checkpoint(model, draft_config, out_dir, dtype=save_dtype, extra={"training": summary})
         (out_dir / "train_log.json").write_text(json.dumps({"summary": summary, "log": state["log"]}, indent=1))
         return summary
 
     rng_epoch = lambda e: np.random.default_rng([cfg.seed, e])  # noqa: E731 - the order of epoch e
     batches = length_batches(seqs, cfg.tokens_per_batch, rng_epoch(state["epoch"]))
-    anchor_rng = np.random.default_rng([cfg.seed, 10_000 + state["step"]])
     bar = tqdm(total=state["total_steps"], initial=state["step"], desc="train drafter", unit="step",
                disable=not progress)
     start, last_save, steps_this_call = time.perf_counter(), time.perf_counter(), 0
@@ -404,10 +404,13 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
         part = [seqs[j] for j in batches[state["batch_in_epoch"]]]
         tokens = _device_batch(part, device)
         features, next_ids = target(tokens)
+        # Randomness is a function of (seed, step) alone: a resumed run draws what an uninterrupted one would.
         if cfg.feature_noise:
-            features = features + (torch.rand_like(features) * 2 - 1) * cfg.feature_noise
+            gen = torch.Generator(device).manual_seed(cfg.seed * 1_000_003 + state["step"])
+            noise = torch.rand(features.shape, generator=gen, device=device, dtype=features.dtype)
+            features = features + (noise * 2 - 1) * cfg.feature_noise
         blocks = make_blocks(part, tokens, features, next_ids, block_size=cfg.block_size,
-                             max_anchors=cfg.max_anchors, rng=anchor_rng)
+                             max_anchors=cfg.max_anchors, rng=np.random.default_rng([cfg.seed, state["step"]]))
         state["batch_in_epoch"] += 1
         if blocks is None:
             continue
@@ -472,3 +475,27 @@ def evaluate_checkpoint(target_dir: str | os.PathLike, data: ResponseSet | Seque
     held = [to_train_sequence(r, trim_loops=trim_loops, max_seq_len=1024) for r in held_rows]
     target = FeatureTarget(target_dir, model.target_layer_ids, device)
     return {f"B{b}": evaluate(model, target, held, b) for b in block_sizes}
+
+
+def train_drafter(target_dir: str | os.PathLike, out_dir: str | os.PathLike, sequences: Sequence[Sequence[int]],
+                  *, prompt_lens: Sequence[int] | None = None, num_layers: int = 1, block_size: int = 8,
+                  steps: int = 200, batch_size: int = 8, num_anchors: int = 16, lr: float = 6e-4, seed: int = 0,
+                  target_layer_ids: Sequence[int] | None = None, mask_token_id: int | None = None,
+                  save_dtype: torch.dtype = torch.float32, progress: bool = True) -> dict:
+    """Train a drafter on in-memory token sequences (greedy outputs of the target after a prompt of
+    `prompt_lens[i]` tokens; default 0) with a fixed number of steps on the CPU: the small path the
+    tests and the tiny default pair use. Writes a z-lab checkpoint to `out_dir`; returns the log."""
+    if not sequences:
+        raise core.TrainingDataError("sequences is empty")
+    prompt_lens = [0] * len(sequences) if prompt_lens is None else list(prompt_lens)
+    if len(prompt_lens) != len(sequences):
+        raise core.TrainingDataError(f"{len(prompt_lens)} prompt_lens for {len(sequences)} sequences")
+    rows = [Response(f"seq{i}", "memory", np.asarray(s[:n], dtype=np.int64), np.asarray(s[n:], dtype=np.int64),
+                     "length", "greedy") for i, (s, n) in enumerate(zip(sequences, prompt_lens))]
+    cfg = TrainConfig(num_layers=num_layers, block_size=block_size, target_layer_ids=tuple(target_layer_ids)
+                      if target_layer_ids is not None else None, num_feature_layers=max(1, num_layers),
+                      mask_token_id=mask_token_id, max_anchors=num_anchors,
+                      tokens_per_batch=batch_size * max(len(s) for s in sequences), steps=steps, lr=lr,
+                      trim_loops=False, holdout=0, save_every_s=float("inf"), seed=seed)
+    train(target_dir, rows, out_dir, cfg, device="cpu", progress=progress, save_dtype=save_dtype)
+    return json.loads((Path(out_dir) / "train_log.json").read_text())
