@@ -363,3 +363,31 @@ def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
     target = json.loads(converted.read_text()) if converted.is_file() else config["target"]
     model = load_draft_model(asset, {k: target[k] for k in ("hidden_size", "vocab_size", "num_hidden_layers")})
     assert model.block_size == 8 and model.target_layer_ids == config["dflash_config"]["target_layer_ids"]
+
+
+def test_dflash2_drafters_train_and_draft_their_selector_path(tiny_target, tmp_path):
+    """The same trainer trains DFlash 2 (convolutions + candidate selector): the loss adds the
+    selector's CE, the checkpoint is z-lab's DFlash 2 format, and evaluation drafts the selector's
+    greedy path (which the reference package walks the same way)."""
+    from torchax_proposer import DFlash2DraftModel, load_draft_model
+
+    _, seqs = greedy_sequences(tiny_target, 24, 6, 24, seed=5)
+    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    log = trainer.train_drafter(tiny_target, tmp_path / "d2", seqs.tolist(), prompt_lens=[6] * len(seqs),
+                                num_layers=1, block_size=4, steps=40, batch_size=8, num_anchors=8, lr=3e-3,
+                                progress=False, dflash2=dflash2)
+    losses = [r["loss"] for r in log["log"]]
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+    config = json.loads((tmp_path / "d2" / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["selector_top_k"] == 4
+    target_config = json.loads((Path(tiny_target) / "config.json").read_text())
+    model = load_draft_model(tmp_path / "d2", target_config)
+    assert isinstance(model, DFlash2DraftModel)
+    assert model.candidate_selector.successor_codebook.abs().sum() > 0  # the selector learned something
+    rows = [trainer.Response(f"p{i}", "s", s[:6].numpy(), s[6:].numpy(), "length", "greedy")
+            for i, s in enumerate(seqs[:4])]
+    result = trainer.evaluate_checkpoint(tiny_target, rows, tmp_path / "d2", [4], holdout=4, trim_loops=False,
+                                         device="cpu")
+    assert 1.0 <= result["B4"]["tau"] <= 4.0 and result["B4"]["blocks"] > 0
+    with pytest.raises(core.TrainingDataError, match="conv_group_size"):
+        core.build_draft_config(target_config, dflash2={**dflash2, "conv_group_size": 7})

@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--init-layers-from-target", action="store_true")
     g.add_argument("--feature-noise", type=float, default=0.0)
     g.add_argument("--save-every-s", type=float, default=300.0)
+    g.add_argument("--dflash2", action="store_true", help="train a DFlash 2 drafter (convolutions + selector)")
+    g.add_argument("--conv-kernel-size", type=int, default=2)
+    g.add_argument("--conv-group-size", type=int, default=64)
+    g.add_argument("--selector-rank", type=int, default=64)
+    g.add_argument("--selector-top-k", type=int, default=8)
+    g.add_argument("--selector-alpha", type=float, default=1.0)
     args = parser.parse_args(argv)
 
     from sgl_dflash import model_import
@@ -123,7 +129,10 @@ def main(argv: list[str] | None = None) -> None:
             epochs=args.epochs, time_budget_s=args.time_budget_s, lr=args.lr, sampling=args.train_sampling,
             trim_loops=not args.no_trim_loops, holdout=args.holdout, init_from=args.init_from,
             init_layers_from_target=args.init_layers_from_target, feature_noise=args.feature_noise,
-            save_every_s=args.save_every_s, seed=args.seed)
+            save_every_s=args.save_every_s, seed=args.seed, selector_alpha=args.selector_alpha,
+            dflash2={"conv_kernel_size": args.conv_kernel_size, "conv_group_size": args.conv_group_size,
+                     "selector_rank": args.selector_rank, "selector_top_k": args.selector_top_k}
+            if args.dflash2 else None)
         out = args.out or Path(model_import.CACHE_DIR) / "train" / f"{Path(args.target).name}-drafter"
         summary = trainer.train(args.target, ResponseSet.load(_set_dir(args)), out, cfg, device=args.device,
                                 max_steps_this_call=args.max_steps_this_call)

@@ -59,11 +59,13 @@ def build_draft_config(
     target_layer_ids: Sequence[int] | None = None,
     mask_token_id: int | None = None,
     intermediate_size: int | None = None,
+    dflash2: dict | None = None,
 ) -> dict:
     """A z-lab DFlash config.json dict for a drafter of `target_config` (an HF config dict).
 
     The drafter shares the target's hidden size (it uses the target's embedding and lm_head) and
-    attention geometry. `mask_token_id` defaults to the last vocabulary id.
+    attention geometry. `mask_token_id` defaults to the last vocabulary id. `dflash2` (the keys
+    conv_kernel_size, conv_group_size, selector_rank, selector_top_k) makes it a DFlash 2 drafter.
     """
     num_target_layers = int(target_config["num_hidden_layers"])
     hidden = int(target_config["hidden_size"])
@@ -84,8 +86,8 @@ def build_draft_config(
     rope_theta = target_config.get("rope_theta") or (target_config.get("rope_parameters") or {}).get(
         "rope_theta", 10000.0
     )
-    return {
-        "architectures": ["DFlashDraftModel"],
+    config = {
+        "architectures": ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
         "model_type": "qwen3",
         "hidden_size": hidden,
         "intermediate_size": int(intermediate_size or target_config["intermediate_size"]),
@@ -111,20 +113,30 @@ def build_draft_config(
         },
         "torch_dtype": "float32",
     }
+    if dflash2:
+        config["dflash_config"].update({k: int(v) for k, v in dflash2.items()})
+        from torchax_proposer import DFlashConfig, DraftCheckpointError
+
+        try:  # the drafter's own validation (group size dividing hidden, K <= vocab, ...)
+            DFlashConfig.from_dict(config)
+        except DraftCheckpointError as err:
+            raise TrainingDataError(str(err)) from err
+    return config
 
 
 def new_draft_model(config: dict, *, seed: int = 0) -> torch.nn.Module:
-    """A randomly initialised `DFlashDraftModel` (z-lab parameter names) in float32.
-
-    Linear weights ~ N(0, 0.02) like transformers' Qwen3 init; norms start at one.
-    """
-    from torchax_proposer import DFlashConfig, DFlashDraftModel
+    """A randomly initialised drafter (z-lab parameter names; DFlash 1 or 2 as `config` says) in
+    float32. Linear weights ~ N(0, 0.02) like transformers' Qwen3 init; norms start at one; DFlash
+    2's convolutions start as the identity and its selector as a no-op (their own init)."""
+    from torchax_proposer import DFlashConfig
+    from torchax_proposer.dflash2 import GroupedDynamicCausalConv, build_draft_model
 
     torch.manual_seed(seed)
-    model = DFlashDraftModel(DFlashConfig.from_dict(config)).to(torch.float32)
+    model = build_draft_model(DFlashConfig.from_dict(config)).to(torch.float32)
+    conv_linears = {id(m.kernel_projection) for m in model.modules() if isinstance(m, GroupedDynamicCausalConv)}
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
+            if isinstance(module, torch.nn.Linear) and id(module) not in conv_linears:
                 module.weight.normal_(0.0, 0.02)
                 if module.bias is not None:
                     module.bias.zero_()

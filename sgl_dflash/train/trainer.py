@@ -62,6 +62,8 @@ class TrainConfig:
     init_layers_from_target: bool = False
     init_from: str | None = None
     feature_noise: float = 0.0  # uniform noise added to the context features (EAGLE-1)
+    dflash2: dict | None = None  # conv_kernel_size, conv_group_size, selector_rank, selector_top_k
+    selector_alpha: float = 1.0  # weight of DFlash 2's selector loss next to the block loss
     save_every_s: float = 300.0
     seed: int = 0
 
@@ -231,27 +233,43 @@ def draft_hidden(model: torch.nn.Module, embed: torch.Tensor, blocks: Blocks, bl
     hidden, _ = model(context_features=blocks.features.to(noise.dtype),
                       context_positions=torch.arange(width, device=device)[None].expand(b, -1),
                       noise_embedding=noise, block_positions=block_pos,
-                      attention_mask=core.block_attention_mask(width, blocks.anchors, block_size))
+                      attention_mask=core.block_attention_mask(width, blocks.anchors, block_size),
+                      block_len=block_size)  # DFlash 2's convolutions stay inside each block
     return hidden.view(b, nb, block_size, -1)
 
 
 def _ce_chunk(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-              model: torch.nn.Module) -> torch.Tensor:
+              predecessors: torch.Tensor, model: torch.nn.Module, alpha: float) -> torch.Tensor:
+    """Weighted CE sum of a chunk of rows (+ alpha x DFlash 2's weighted selector CE sum)."""
     logits = model.compute_logits(hidden, lm_head).float()
-    return (F.cross_entropy(logits, labels, reduction="none") * weights).sum()
+    total = (F.cross_entropy(logits, labels, reduction="none") * weights).sum()
+    if getattr(model, "candidate_selector", None) is not None:
+        from torchax_proposer.selector_loss import selector_loss
+
+        mean, _ = selector_loss(model.candidate_selector, hidden, logits, predecessors, labels, weights, alpha=alpha)
+        total = total + mean * weights.sum()
+    return total
 
 
 def block_loss(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, blocks: Blocks,
-               position_weights: torch.Tensor, *, block_size: int, chunk: int = 8192) -> tuple[torch.Tensor, dict]:
+               position_weights: torch.Tensor, *, block_size: int, chunk: int = 8192,
+               selector_alpha: float = 1.0) -> tuple[torch.Tensor, dict]:
     """Decay-weighted CE of the supervised block rows over the full vocabulary (chunked and
-    recomputed in backward, so the [rows, V] logits never all live at once)."""
+    recomputed in backward, so the [rows, V] logits never all live at once); for a DFlash 2
+    drafter plus its selector's K-way CE, teacher-forced (each position's predecessor is the
+    gold token before it, the anchor for the first)."""
+    from torchax_proposer.selector_loss import teacher_forced_predecessors
+
     hidden = draft_hidden(model, embed, blocks, block_size)[:, :, 1:]  # [b, nb, B-1, H]
     w = blocks.label_mask * position_weights.to(blocks.label_mask.device)[None, None, :]
     keep = blocks.label_mask.flatten() > 0
+    anchor_ids = torch.gather(blocks.tokens, 1, blocks.anchors)
+    predecessors = teacher_forced_predecessors(anchor_ids, blocks.labels).flatten()[keep]
     rows, labels, weights = hidden.flatten(0, 2)[keep], blocks.labels.flatten()[keep], w.flatten()[keep]
     total = torch.zeros((), device=rows.device)
     for i in range(0, len(rows), chunk):
-        part = (rows[i : i + chunk], lm_head, labels[i : i + chunk], weights[i : i + chunk], model)
+        part = (rows[i : i + chunk], lm_head, labels[i : i + chunk], weights[i : i + chunk],
+                predecessors[i : i + chunk], model, selector_alpha)
         if torch.is_grad_enabled():
             total = total + torch.utils.checkpoint.checkpoint(_ce_chunk, *part, use_reentrant=False,
                                                                 preserve_rng_state=False)
@@ -266,8 +284,13 @@ def acceptance(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tenso
                block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced greedy acceptance per block: (accepted drafts [blocks], correct [blocks, B-1])
     over full blocks (the drafter sees the true committed prefix: exactly greedy spec decoding)."""
-    hidden = draft_hidden(model, embed, blocks, block_size)[:, :, 1:]
-    drafts = torch.cat([model.compute_logits(h, lm_head).argmax(-1) for h in hidden.split(64, dim=1)], dim=1)
+    hidden = draft_hidden(model, embed, blocks, block_size)[:, :, 1:].flatten(0, 1)  # [blocks, B-1, H]
+    if getattr(model, "candidate_selector", None) is not None:  # DFlash 2 drafts the selector's path
+        anchor_ids = torch.gather(blocks.tokens, 1, blocks.anchors).flatten()
+        drafts = torch.cat([model.propose(h, a, lm_head)[0] for h, a in zip(hidden.split(256), anchor_ids.split(256))])
+    else:
+        drafts = torch.cat([model.compute_logits(h, lm_head).argmax(-1) for h in hidden.split(256)])
+    drafts = drafts.view(blocks.labels.shape)
     correct = (drafts == blocks.labels) & (blocks.label_mask > 0)
     full = blocks.label_mask.sum(-1) == block_size - 1
     accepted = torch.cumprod(correct.long(), -1).sum(-1)
@@ -337,7 +360,8 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
     layer_ids = list(cfg.target_layer_ids or default_target_layer_ids(
         int(target_config["num_hidden_layers"]), cfg.num_feature_layers))
     draft_config = core.build_draft_config(target_config, num_layers=cfg.num_layers, block_size=cfg.block_size,
-                                           target_layer_ids=layer_ids, mask_token_id=cfg.mask_token_id)
+                                           target_layer_ids=layer_ids, mask_token_id=cfg.mask_token_id,
+                                           dflash2=cfg.dflash2)
 
     rows = [r for r in data if cfg.sampling is None or r.sampling == cfg.sampling]
     train_rows, held_rows = split_holdout(rows, cfg.holdout)
@@ -416,7 +440,8 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
             continue
         lr = core.lr_at(state["step"], state["total_steps"], cfg.lr)
         with _autocast(device):
-            loss, stats = block_loss(model, target.embed, target.lm_head, blocks, weights, block_size=cfg.block_size)
+            loss, stats = block_loss(model, target.embed, target.lm_head, blocks, weights, block_size=cfg.block_size,
+                                     selector_alpha=cfg.selector_alpha)
         grad_norm = core.optimizer_step(model, optimizer, loss, lr, cfg.grad_clip)
         state["step"] += 1
         steps_this_call += 1
@@ -481,7 +506,7 @@ def train_drafter(target_dir: str | os.PathLike, out_dir: str | os.PathLike, seq
                   *, prompt_lens: Sequence[int] | None = None, num_layers: int = 1, block_size: int = 8,
                   steps: int = 200, batch_size: int = 8, num_anchors: int = 16, lr: float = 6e-4, seed: int = 0,
                   target_layer_ids: Sequence[int] | None = None, mask_token_id: int | None = None,
-                  save_dtype: torch.dtype = torch.float32, progress: bool = True) -> dict:
+                  save_dtype: torch.dtype = torch.float32, progress: bool = True, dflash2: dict | None = None) -> dict:
     """Train a drafter on in-memory token sequences (greedy outputs of the target after a prompt of
     `prompt_lens[i]` tokens; default 0) with a fixed number of steps on the CPU: the small path the
     tests and the tiny default pair use. Writes a z-lab checkpoint to `out_dir`; returns the log."""
@@ -496,6 +521,6 @@ def train_drafter(target_dir: str | os.PathLike, out_dir: str | os.PathLike, seq
                       if target_layer_ids is not None else None, num_feature_layers=max(1, num_layers),
                       mask_token_id=mask_token_id, max_anchors=num_anchors,
                       tokens_per_batch=batch_size * max(len(s) for s in sequences), steps=steps, lr=lr,
-                      trim_loops=False, holdout=0, save_every_s=float("inf"), seed=seed)
+                      trim_loops=False, holdout=0, save_every_s=float("inf"), seed=seed, dflash2=dflash2)
     train(target_dir, rows, out_dir, cfg, device="cpu", progress=progress, save_dtype=save_dtype)
     return json.loads((Path(out_dir) / "train_log.json").read_text())
