@@ -80,8 +80,8 @@ class InProcessServer:
 
 def start_in_process(server_args: Any, timeout: float = 300.0) -> InProcessServer:
     """Load the model and serve it with uvicorn in a daemon thread on a free loopback port."""
-    from sgl_dflash.server.http_server import create_app
-    from sgl_dflash.server.tokenizer_manager import TokenizerManager
+    from sgl_dflash.entrypoints.http_server import create_app
+    from sgl_dflash.managers.tokenizer_manager import TokenizerManager
 
     tm = TokenizerManager(server_args)
     config = uvicorn.Config(create_app(tm), host="127.0.0.1", port=0, log_level="warning")

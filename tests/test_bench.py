@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from sgl_dflash import bench, datasets
+from sgl_dflash.tools import bench, datasets
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
@@ -32,7 +32,7 @@ def test_acceptance_stats_from_histograms():
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    from sgl_dflash.default_model import train_tokenizer
+    from sgl_dflash.tools.tiny_pair import train_tokenizer
 
     root = tmp_path_factory.mktemp("bench")
     texts = [f"question {i}: what is {i} plus {i}? answer {2 * i}" for i in range(200)]

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sgl_dflash import datasets
+from sgl_dflash.tools import datasets
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sgl_dflash import demo
+from sgl_dflash.tools import demo
 
 
 def test_demo_serves_smollm2_with_the_shipped_drafter_losslessly(tmp_path, capsys):

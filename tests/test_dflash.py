@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_dflash.engine import Engine
-from sgl_dflash.schedule_batch import Req
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.managers.schedule_batch import Req
 from tests.tiny_checkpoints import load_hf_model
 
 BLOCK_SIZES = [2, 4, 8, 16]
@@ -221,7 +221,7 @@ def test_token_map_is_lossless_and_validated(trained_draft_dir, spec_prompts, no
     """--speculative-token-map: drafts only from the map, output still equal to NONE's."""
     import json
 
-    from sgl_dflash.server_args import ServerArgsError
+    from sgl_dflash.errors import ServerArgsError
 
     params, expected, _ = none_outputs
     used = sorted({t for out in expected for t in out} | {t for p in spec_prompts for t in p})

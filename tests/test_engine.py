@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_dflash.engine import Engine
-from sgl_dflash.sampling_params import InvalidRequestError, SamplingParamsError
-from sgl_dflash.schedule_batch import ContextLengthError
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.errors import InvalidRequestError, SamplingParamsError
 from tests.tiny_checkpoints import load_hf_model
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], list(range(20, 45)), [3] * 9]
@@ -76,7 +75,7 @@ def test_bad_requests_get_clear_errors(arch_setup):
         engine.generate(input_ids=[[1, 2], [3]], sampling_params=[{}, {"max_new_tokens": -3}])
     with pytest.raises(SamplingParamsError, match="unknown sampling parameter"):
         engine.generate(input_ids=[1, 2], sampling_params={"max_tokens": 3})
-    with pytest.raises(ContextLengthError, match=r"input \(1024 tokens\) is longer than the model's context length"):
+    with pytest.raises(InvalidRequestError, match=r"input \(1024 tokens\) is longer than the model's context length"):
         engine.generate(input_ids=[1] * 1024)
     with pytest.raises(InvalidRequestError, match="invalid token ids"):
         engine.generate(input_ids=[1, 10**6])
@@ -137,7 +136,7 @@ def test_aux_hidden_layers_are_transformers_hidden_states_recorded_while_generat
     output itself is unchanged. A small KV budget forces a retraction, whose rows are recomputed."""
     import json
 
-    from sgl_dflash.server_args import ServerArgsError
+    from sgl_dflash.errors import ServerArgsError
 
     num_layers = json.load(open(f"{tiny_llama_dir}/config.json"))["num_hidden_layers"]
     layers = (0, num_layers - 1)

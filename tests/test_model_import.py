@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_dflash import model_import
+from sgl_dflash.tools import model_import
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from sgl_dflash.sampling_params import InvalidRequestError, SamplingParams
-from sgl_dflash.schedule_batch import Req
+from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.sampling_params import SamplingParams
+from sgl_dflash.managers.schedule_batch import Req
 
 
 def run_to_completion(scheduler, reqs, on_step=None):

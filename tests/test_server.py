@@ -18,7 +18,7 @@ import pytest
 import requests
 import torch
 
-from sgl_dflash.engine import Engine
+from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.server_args import ServerArgs
 from tests.server_harness import save_byte_tokenizer, start_in_process, wait_until_idle
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target

@@ -10,7 +10,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from sgl_dflash import sglang_plugin
+from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.integrations import sglang_plugin
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
@@ -80,15 +81,15 @@ def test_validator_fills_defaults_in_sglang_server_args(registered_algo, tiny_qw
 
 
 def test_validator_refuses_bad_arguments(registered_algo, tiny_qwen3_dir, draft_dir, tmp_path):
-    with pytest.raises(sglang_plugin.DFlashJaxPluginError, match="--speculative-draft-model-path"):
+    with pytest.raises(ServerArgsError, match="--speculative-draft-model-path"):
         run_validator(registered_algo, sglang_server_args(tiny_qwen3_dir))
-    with pytest.raises(sglang_plugin.DFlashJaxPluginError, match="--speculative-num-draft-tokens.*\\[2, 4\\]"):
+    with pytest.raises(ServerArgsError, match="--speculative-num-draft-tokens.*\\[2, 4\\]"):
         run_validator(registered_algo, sglang_server_args(
             tiny_qwen3_dir, speculative_draft_model_path=draft_dir, speculative_num_draft_tokens=9))
     wide_target = make_tiny_target(tmp_path / "wide", "qwen3", num_hidden_layers=2, hidden_size=128)
-    with pytest.raises(sglang_plugin.DFlashJaxPluginError, match="hidden_size"):
+    with pytest.raises(ServerArgsError, match="hidden_size"):
         run_validator(registered_algo, sglang_server_args(wide_target, speculative_draft_model_path=draft_dir))
-    with pytest.raises(sglang_plugin.DFlashJaxPluginError, match="no config.json"):
+    with pytest.raises(ServerArgsError, match="no config.json"):
         run_validator(registered_algo, sglang_server_args(
             tiny_qwen3_dir, speculative_draft_model_path=str(tmp_path / "missing")))
 
@@ -100,7 +101,7 @@ def test_sglang_create_worker_returns_our_worker_which_points_to_our_server(
     run_validator(registered_algo, server_args)
     worker_cls = registered_algo.create_worker(server_args)
     assert worker_cls is sglang_plugin.DFlashJaxWorker
-    with pytest.raises(sglang_plugin.DFlashJaxPluginError, match="python -m sgl_dflash.launch_server"):
+    with pytest.raises(ServerArgsError, match="python -m sgl_dflash.launch_server"):
         worker_cls(server_args=server_args, gpu_id=0, nccl_port=0, target_worker=None)
 
 

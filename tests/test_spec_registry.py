@@ -3,10 +3,11 @@ public decorator DFLASH uses (its validator runs in ServerArgs.check, its worker
 
 import pytest
 
-from sgl_dflash.engine import Engine
-from sgl_dflash.server_args import ServerArgs, ServerArgsError
-from sgl_dflash.spec_algorithm import SpeculativeAlgorithm, UnknownSpeculativeAlgorithmError
-from sgl_dflash.workers.ar_worker import ARWorker
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.server_args import ServerArgs
+from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm
+from sgl_dflash.model_executor.target_worker import TargetWorker
 
 
 def test_lookup_is_case_insensitive_and_errors_list_known_names():
@@ -15,10 +16,10 @@ def test_lookup_is_case_insensitive_and_errors_list_known_names():
     assert SpeculativeAlgorithm.from_string("dFlash") is SpeculativeAlgorithm.DFLASH
     assert SpeculativeAlgorithm.DFLASH.is_dflash() and not SpeculativeAlgorithm.DFLASH.supports_overlap
     assert {"NONE", "DFLASH"} <= set(SpeculativeAlgorithm.names())
-    with pytest.raises(UnknownSpeculativeAlgorithmError, match=r"'EAGLE9'.*registered: \['NONE', 'DFLASH'"):
+    with pytest.raises(ServerArgsError, match=r"'EAGLE9'.*registered: \['NONE', 'DFLASH'"):
         SpeculativeAlgorithm.from_string("EAGLE9")
     with pytest.raises(ValueError, match="already registered"):
-        SpeculativeAlgorithm.register("dflash")(lambda server_args: ARWorker)
+        SpeculativeAlgorithm.register("dflash")(lambda server_args: TargetWorker)
 
 
 def test_dflash_refuses_drafters_that_do_not_fit(spec_target_dir, random_draft_dir, tiny_qwen3_dir, tmp_path):
@@ -46,7 +47,7 @@ def test_dflash_refuses_drafters_that_do_not_fit(spec_target_dir, random_draft_d
                    speculative_draft_model_path=str(tmp_path / "missing")).check()
 
 
-class CountingWorker(ARWorker):
+class CountingWorker(TargetWorker):
     """A plugin's worker: autoregressive decoding that counts its steps."""
 
     decode_calls = 0
@@ -81,5 +82,5 @@ def test_outside_plugin_registers_like_dflash(engine_kwargs, none_engine, spec_p
         assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in expected]
     finally:
         SpeculativeAlgorithm.unregister("toy_plugin")
-    with pytest.raises(UnknownSpeculativeAlgorithmError):
+    with pytest.raises(ServerArgsError):
         SpeculativeAlgorithm.from_string("toy_plugin")

@@ -204,7 +204,7 @@ def test_pipeline_regenerates_caches_features_and_resumes_exactly(tmp_path):
     gives bit-identical weights to an uninterrupted run."""
     from safetensors.torch import load_file
 
-    from sgl_dflash.default_model import train_tokenizer
+    from sgl_dflash.tools.tiny_pair import train_tokenizer
     from sgl_dflash.train import pipeline
 
     target = tmp_path / "target"
@@ -289,7 +289,7 @@ def test_init_from_target_layers_copies_the_last_layers(tiny_target):
 
 def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
     import sgl_dflash
-    from sgl_dflash import model_import
+    from sgl_dflash.tools import model_import
     from torchax_proposer import load_draft_model
 
     asset = Path(sgl_dflash.__file__).parent / "assets" / "smollm2-135m-dflash"

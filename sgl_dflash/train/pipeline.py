@@ -97,7 +97,7 @@ def regenerate(
     stages 1 and 2 in one pass, so no `features` stage is needed."""
     from transformers import AutoTokenizer
 
-    from sgl_dflash.engine import Engine
+    from sgl_dflash import Engine
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)

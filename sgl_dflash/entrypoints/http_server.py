@@ -23,9 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sgl_dflash.sampling_params import SamplingParams
-from sgl_dflash.server.protocol import AbortReqInput, GenerateReqInput, GenerateRequest, RequestError, normalize
-from sgl_dflash.server.streaming import (
+from sgl_dflash.entrypoints.protocol import AbortReqInput, GenerateReqInput, normalize
+from sgl_dflash.entrypoints.streaming import (
     SSE_DONE,
     describe_validation_errors,
     error_chunk,
@@ -35,8 +34,12 @@ from sgl_dflash.server.streaming import (
     run_to_completion,
     sse,
 )
-from sgl_dflash.server.tokenizer_manager import GenerationError, TokenizerManager
-from sgl_dflash.server_args import ServerArgs, read_model_config
+from sgl_dflash.errors import GenerationError, InvalidRequestError
+from sgl_dflash.managers.io_struct import GenerateRequest
+from sgl_dflash.managers.tokenizer_manager import TokenizerManager
+from sgl_dflash.model_config import read_model_config
+from sgl_dflash.sampling_params import SamplingParams
+from sgl_dflash.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +97,8 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(describe_validation_errors(exc.errors()), 400)
 
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    @app.exception_handler(InvalidRequestError)
+    async def _request_error(request: Request, exc: InvalidRequestError) -> JSONResponse:
         return error_response(str(exc), exc.status_code)
 
     @app.exception_handler(GenerationError)
@@ -131,7 +134,7 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
             async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
                 async for _ in tm.generate(request, req):
                     pass
-        except (TimeoutError, RequestError, GenerationError):
+        except (TimeoutError, InvalidRequestError, GenerationError):
             logger.exception("health_generate failed")
             return Response(status_code=503)
         return Response(status_code=200)
@@ -196,7 +199,7 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
         outputs = await run_to_completion(tm, requests, reqs, request)
         return JSONResponse(outputs if is_batch else outputs[0])
 
-    from sgl_dflash.server.openai_api import add_openai_routes
+    from sgl_dflash.entrypoints.openai_api import add_openai_routes
 
     add_openai_routes(app, tm)
     return app
@@ -210,7 +213,7 @@ async def _stream(
             if is_batch:
                 out = {**out, "index": index}
             yield sse(out)
-    except (RequestError, GenerationError) as e:
+    except (InvalidRequestError, GenerationError) as e:
         yield sse(error_chunk(e))
     yield SSE_DONE
 

@@ -16,10 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
+from sgl_dflash.entrypoints.protocol import is_neutral, to_sampling_params
+from sgl_dflash.entrypoints.streaming import SSE_DONE, error_chunk, merge_streams, parse_body, run_to_completion, sse
+from sgl_dflash.errors import GenerationError, InvalidRequestError
+from sgl_dflash.managers.io_struct import GenerateRequest
+from sgl_dflash.managers.tokenizer_manager import TokenizerManager
 from sgl_dflash.sampling_params import SamplingParams
-from sgl_dflash.server.protocol import GenerateRequest, RequestError, is_neutral, to_sampling_params
-from sgl_dflash.server.streaming import SSE_DONE, error_chunk, merge_streams, parse_body, run_to_completion, sse
-from sgl_dflash.server.tokenizer_manager import GenerationError, TokenizerManager
 
 # OpenAI fields that are accepted only when they ask for nothing (value -> allowed values).
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
@@ -74,7 +76,7 @@ class _SamplingFields(BaseModel):
         for name, allowed in UNSUPPORTED_FIELDS.items():
             value = getattr(self, name, None)
             if not is_neutral(value, allowed):
-                raise RequestError(f"'{name}'={value!r} is not supported by this server")
+                raise InvalidRequestError(f"'{name}'={value!r} is not supported by this server")
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         params = {
@@ -94,9 +96,9 @@ class _SamplingFields(BaseModel):
         }
         try:
             return to_sampling_params(params, where="request")
-        except RequestError as e:  # name the OpenAI field, not its SGLang counterpart
+        except InvalidRequestError as e:  # name the OpenAI field, not its SGLang counterpart
             message = str(e).replace("request.max_new_tokens", "max_tokens")
-            raise RequestError(message.replace("request.min_new_tokens", "min_tokens").replace("request.", "")) from None
+            raise InvalidRequestError(message.replace("request.min_new_tokens", "min_tokens").replace("request.", "")) from None
 
 
 class CompletionRequest(_SamplingFields):
@@ -177,7 +179,7 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
 
     def require_tokenizer(what: str) -> None:
         if tm.tokenizer is None:
-            raise RequestError(f"{what} needs a tokenizer; this server runs with --skip-tokenizer-init")
+            raise InvalidRequestError(f"{what} needs a tokenizer; this server runs with --skip-tokenizer-init")
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -202,7 +204,7 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
-            raise RequestError("the prompt is empty")
+            raise InvalidRequestError("the prompt is empty")
         params = prompt_room_params(body, body.max_tokens)
         requests = []
         base_rid = body.rid or uuid.uuid4().hex
@@ -248,7 +250,7 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
                 if body.stream_options and body.stream_options.include_usage:
                     yield sse({"id": response_id, "object": "text_completion", "created": created,
                                 "model": body.model, "choices": [], "usage": _usage(finals)})
-            except (RequestError, GenerationError) as e:
+            except (InvalidRequestError, GenerationError) as e:
                 yield sse(error_chunk(e))
             yield SSE_DONE
 
@@ -261,9 +263,9 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         body.check_unsupported()
         require_tokenizer("chat completion")
         if not body.messages:
-            raise RequestError("'messages' is empty")
+            raise InvalidRequestError("'messages' is empty")
         if getattr(tm.tokenizer, "chat_template", None) is None:
-            raise RequestError("the tokenizer has no chat template; use /v1/completions")
+            raise InvalidRequestError("the tokenizer has no chat template; use /v1/completions")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -271,7 +273,7 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
                 messages, tokenize=False, add_generation_prompt=True, **(body.chat_template_kwargs or {})
             )
         except Exception as e:  # jinja errors (e.g. a role the template refuses)
-            raise RequestError(f"could not apply the chat template: {e}") from None
+            raise InvalidRequestError(f"could not apply the chat template: {e}") from None
         # The template already holds BOS etc.: do not add special tokens a second time.
         input_ids = tm.tokenizer.encode(prompt, add_special_tokens=False)
         rid = body.rid or uuid.uuid4().hex
@@ -309,7 +311,7 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
                             yield sse({"id": response_id, "object": "chat.completion.chunk",
                                         "created": created, "model": body.model, "choices": [],
                                         "usage": _usage([out])})
-            except (RequestError, GenerationError) as e:
+            except (InvalidRequestError, GenerationError) as e:
                 yield sse(error_chunk(e))
             yield SSE_DONE
 

@@ -21,11 +21,12 @@ import threading
 import time
 from typing import Any
 
-from sgl_dflash.sampling_params import InvalidRequestError
-from sgl_dflash.schedule_batch import ContextLengthError, Req
+from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.model_config import eos_token_ids
 from sgl_dflash.server_args import ServerArgs
-from sgl_dflash.spec_algorithm import SpeculativeAlgorithm
-from sgl_dflash.tokenizer_utils import detokenize, eos_token_ids, get_tokenizer
+from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm
+from sgl_dflash.tokenizer_utils import get_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class Scheduler:
         if bad:
             raise InvalidRequestError(f"input_ids contain invalid token ids {bad[:5]} (vocab size {vocab})")
         if len(ids) >= self.max_req_len:
-            raise ContextLengthError(
+            raise InvalidRequestError(
                 f"the input ({len(ids)} tokens) is longer than the model's context length "
                 f"({self.max_req_len} tokens)"
             )
@@ -195,7 +196,7 @@ class Scheduler:
             before = len(req.output_ids)
             detok = None
             if self.tokenizer is not None:
-                detok = lambda ids: detokenize(self.tokenizer, ids)  # noqa: E731
+                detok = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
             kept = req.append_tokens(tokens, self.eos_token_ids, detok)
             self.stats["generated_tokens"] += len(req.output_ids) - before
             return kept

@@ -1,9 +1,9 @@
 """Benchmark: DFLASH vs NONE tokens/s in the same run, tau, and where a DFLASH step's time goes.
 
-    python -m sgl_dflash.bench_dflash [--block-sizes 4 8 16] [--batch-sizes 1 4] [--max-new-tokens 128]
+    python -m sgl_dflash.tools.bench_dflash [--block-sizes 4 8 16] [--batch-sizes 1 4] [--max-new-tokens 128]
                                       [--out bench_results/bench_dflash.json]
 
-Runs on the small generated pair (built on first use; see sgl_dflash.default_model), or on
+Runs on the small generated pair (built on first use; see sgl_dflash.tools.tiny_pair), or on
 --model-path / --draft-path. Greedy decoding of chat prompts. Every configuration runs once to warm
 up (JAX compiles) and once timed. A DFLASH decode step (one scheduler.step()) is split into draft
 (drafter forward), verify (one target forward over all blocks), accept (acceptance on logits),
@@ -20,9 +20,9 @@ import platform
 import time
 from typing import Any
 
-from sgl_dflash.default_model import ensure_default_model, use_compilation_cache
-from sgl_dflash.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts
-from sgl_dflash.engine import Engine
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
+from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
 
 PHASES = ("draft", "verify", "accept", "commit")
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     use_compilation_cache()
     questions = QUESTIONS
     if args.model_path is None:
-        model = ensure_default_model()
+        model = ensure_tiny_pair()
         args.model_path, args.draft_path = model.target_dir, model.draft_dir
         questions = TINY_PAIR_QUESTIONS  # what the small pair was trained to answer
     common = dict(model_path=args.model_path, context_length=512, max_total_tokens=8192,

@@ -12,8 +12,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from sgl_dflash.server.protocol import GenerateRequest, RequestError
-from sgl_dflash.server.tokenizer_manager import GenerationError, TokenizerManager
+from sgl_dflash.errors import GenerationError, InvalidRequestError
+from sgl_dflash.managers.io_struct import GenerateRequest
+from sgl_dflash.managers.tokenizer_manager import TokenizerManager
 
 
 def error_response(message: str, status_code: int) -> JSONResponse:
@@ -26,7 +27,7 @@ def error_response(message: str, status_code: int) -> JSONResponse:
     )
 
 
-def error_chunk(e: RequestError | GenerationError) -> dict[str, Any]:
+def error_chunk(e: InvalidRequestError | GenerationError) -> dict[str, Any]:
     """The error event a stream ends with when its request fails after the response started."""
     kind = "invalid_request_error" if e.status_code < 500 else "internal_error"
     return {"error": {"message": str(e), "type": kind, "code": e.status_code}}
@@ -58,21 +59,21 @@ def _is_type_name(part: Any) -> bool:
 
 
 async def parse_body(request: Request, model: type[BaseModel]) -> Any:
-    """The JSON body validated as `model` (whatever the content-type); `RequestError` names the
+    """The JSON body validated as `model` (whatever the content-type); `InvalidRequestError` names the
     problem: empty or malformed JSON, not an object, unknown / missing / mistyped fields."""
     raw = await request.body()
     if not raw.strip():
-        raise RequestError("the request body is empty (expected a JSON object)")
+        raise InvalidRequestError("the request body is empty (expected a JSON object)")
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"malformed JSON in the request body: {e}") from None
+        raise InvalidRequestError(f"malformed JSON in the request body: {e}") from None
     if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, got {type(data).__name__}")
+        raise InvalidRequestError(f"the request body must be a JSON object, got {type(data).__name__}")
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise RequestError(describe_validation_errors(e.errors())) from None
+        raise InvalidRequestError(describe_validation_errors(e.errors())) from None
 
 
 def sse(payload: Any) -> bytes:

@@ -8,22 +8,14 @@ neutral value (what SGLang's frontend sends by default) and refused otherwise, b
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sgl_dflash.sampling_params import InvalidRequestError, SamplingParams
-
-
-class RequestError(InvalidRequestError):
-    """A request the server refuses; `status_code` is the HTTP status it answers with."""
-
-    def __init__(self, message: str, status_code: int = 400):
-        super().__init__(message)
-        self.status_code = status_code
-
+from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.managers.io_struct import GenerateRequest
+from sgl_dflash.sampling_params import SamplingParams
 
 # SGLang sampling parameters this runtime does not implement, with the values that mean "off".
 # SGLang's frontend sends all of them on every call, so the neutral values must pass.
@@ -51,16 +43,16 @@ IGNORED_SAMPLING_PARAMS = ("spaces_between_special_tokens",)
 
 
 def to_sampling_params(params: Any, *, where: str = "sampling_params") -> SamplingParams:
-    """SGLang-style sampling params dict -> `SamplingParams`; raises `RequestError` naming the field."""
+    """SGLang-style sampling params dict -> `SamplingParams`; raises `InvalidRequestError` naming the field."""
     if params is None:
         return SamplingParams()
     if not isinstance(params, dict):
-        raise RequestError(f"{where} must be a JSON object, got {type(params).__name__}")
+        raise InvalidRequestError(f"{where} must be a JSON object, got {type(params).__name__}")
     supported: dict[str, Any] = {}
     for key, value in params.items():
         if key in UNSUPPORTED_SAMPLING_PARAMS:
             if not is_neutral(value, UNSUPPORTED_SAMPLING_PARAMS[key]):
-                raise RequestError(f"{where}.{key}={value!r} is not supported by this server")
+                raise InvalidRequestError(f"{where}.{key}={value!r} is not supported by this server")
         elif key in IGNORED_SAMPLING_PARAMS:
             continue
         elif value is not None:  # SGLang treats null as "use the default"
@@ -69,9 +61,9 @@ def to_sampling_params(params: Any, *, where: str = "sampling_params") -> Sampli
         sampling_params = SamplingParams.from_dict(supported)
         sampling_params.verify()
     except InvalidRequestError as e:
-        raise RequestError(str(e).replace("sampling_params", where, 1)) from None
+        raise InvalidRequestError(str(e).replace("sampling_params", where, 1)) from None
     except TypeError as e:
-        raise RequestError(f"{where}: {e}") from None
+        raise InvalidRequestError(f"{where}: {e}") from None
     return sampling_params
 
 
@@ -109,21 +101,6 @@ class AbortReqInput(BaseModel):
     rid: str
 
 
-@dataclasses.dataclass
-class GenerateRequest:
-    """One prompt of a /generate call (a batch call becomes several)."""
-
-    rid: str
-    sampling_params: SamplingParams
-    text: str | None = None
-    input_ids: list[int] | None = None
-    stream: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-
-
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -131,7 +108,7 @@ def new_request_id() -> str:
 def normalize(obj: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
     """Split a /generate body into per-prompt requests; returns (requests, is_batch)."""
     if (obj.text is None) == (obj.input_ids is None):
-        raise RequestError("pass exactly one of `text` and `input_ids`")
+        raise InvalidRequestError("pass exactly one of `text` and `input_ids`")
     if obj.text is not None:
         is_batch = isinstance(obj.text, list)
         prompts: list[Any] = obj.text if is_batch else [obj.text]
@@ -142,15 +119,15 @@ def normalize(obj: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
         prompts = ids if is_batch else [ids]
         key = "input_ids"
     if is_batch and not prompts:
-        raise RequestError(f"`{key}` is an empty batch")
+        raise InvalidRequestError(f"`{key}` is an empty batch")
     n = len(prompts)
 
     def per_prompt(name: str, value: Any, default: Any) -> list[Any]:
         if isinstance(value, list):
             if not is_batch:
-                raise RequestError(f"`{name}` is a list but the request has a single prompt")
+                raise InvalidRequestError(f"`{name}` is a list but the request has a single prompt")
             if len(value) != n:
-                raise RequestError(f"`{name}` has {len(value)} entries for {n} prompts")
+                raise InvalidRequestError(f"`{name}` has {len(value)} entries for {n} prompts")
             return [default if v is None else v for v in value]
         return [default if value is None else value] * n
 
@@ -181,5 +158,5 @@ def normalize(obj: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
             req.input_ids = list(prompt)
         requests.append(req)
     if len({r.rid for r in requests}) != len(requests):
-        raise RequestError("`rid` values must be unique within a batch")
+        raise InvalidRequestError("`rid` values must be unique within a batch")
     return requests, is_batch

@@ -16,44 +16,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from sgl_dflash.sampling_params import InvalidRequestError
-from sgl_dflash.schedule_batch import Req
-from sgl_dflash.scheduler import Scheduler
-from sgl_dflash.server.logprobs import TokenScores, logprob_meta_info, score_tokens
-from sgl_dflash.server.metrics import ServerMetrics
-from sgl_dflash.server.protocol import GenerateRequest, RequestError
+from sgl_dflash.errors import GenerationError, InvalidRequestError
+from sgl_dflash.managers.io_struct import GenerateRequest, Snapshot
+from sgl_dflash.managers.logprobs import TokenScores, logprob_meta_info, score_tokens
+from sgl_dflash.managers.metrics import ServerMetrics
+from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.managers.scheduler import Scheduler
 from sgl_dflash.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 # How often a waiting non-streaming handler checks whether its client is still there.
 DISCONNECT_POLL_S = 0.25
-
-
-class GenerationError(Exception):
-    """A request that ended with an abort (internal error or server shutdown)."""
-
-    def __init__(self, message: str, status_code: int = 500):
-        super().__init__(message)
-        self.status_code = status_code
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """A request's state after a scheduler step, copied in the scheduler thread."""
-
-    rid: str
-    output_ids: list[int]
-    text: str
-    finished_reason: dict[str, Any] | None
-    meta_info: dict[str, Any]
 
 
 class _ReqState:
@@ -213,30 +193,27 @@ class TokenizerManager:
         if request.input_ids is not None:
             return request.input_ids
         if self.tokenizer is None:
-            raise RequestError("this server runs with --skip-tokenizer-init: send input_ids, not text")
+            raise InvalidRequestError("this server runs with --skip-tokenizer-init: send input_ids, not text")
         if request.text == "":
-            raise RequestError("the prompt is empty (text is an empty string)")
+            raise InvalidRequestError("the prompt is empty (text is an empty string)")
         return self.tokenizer.encode(request.text)
 
     def prepare(self, request: GenerateRequest, input_ids: list[int] | None = None) -> Req:
-        """Tokenize and validate one request (no scheduling yet); raises `RequestError`."""
+        """Tokenize and validate one request (no scheduling yet); raises `InvalidRequestError`."""
         if request.rid in self._states:
-            raise RequestError(f"request id {request.rid!r} is already in use")
+            raise InvalidRequestError(f"request id {request.rid!r} is already in use")
         ids = input_ids if input_ids is not None else self.tokenize(request)
         if request.return_logprob:
             start, top = request.logprob_start_len, request.top_logprobs_num
             if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start <= len(ids):
-                raise RequestError(
+                raise InvalidRequestError(
                     f"logprob_start_len must be -1 or in [0, {len(ids)}] (the number of input "
                     f"tokens), got {start!r}"
                 )
             if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-                raise RequestError(f"top_logprobs_num must be an integer >= 0, got {top!r}")
+                raise InvalidRequestError(f"top_logprobs_num must be an integer >= 0, got {top!r}")
         req = Req(request.rid, list(ids), request.sampling_params)
-        try:
-            self.scheduler.validate_request(req)  # pure checks; safe from this thread
-        except InvalidRequestError as e:
-            raise RequestError(str(e)) from None
+        self.scheduler.validate_request(req)  # pure checks; safe from this thread
         return req
 
     async def generate(
@@ -253,15 +230,15 @@ class TokenizerManager:
         which lands in the `finally` below.
         """
         if req.rid in self._states:
-            raise RequestError(f"request id {req.rid!r} is already in use")
+            raise InvalidRequestError(f"request id {req.rid!r} is already in use")
         state = _ReqState(request, req)
         self._states[req.rid] = state
         try:
             try:
                 await self._call(self.scheduler.add_request, req)
-            except InvalidRequestError as e:
+            except InvalidRequestError:
                 state.done = True  # never queued
-                raise RequestError(str(e)) from None
+                raise
             while True:
                 snap = await self._next_snapshot(state, is_disconnected)
                 if snap is None:  # the client went away

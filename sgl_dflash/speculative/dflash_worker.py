@@ -20,6 +20,8 @@ after the final norm (`TargetRunner.hidden_state_features`).
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import defaultdict
 
@@ -29,26 +31,24 @@ import numpy as np
 
 from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
-from sgl_dflash.schedule_batch import Req
-from sgl_dflash.server_args import ServerArgs, ServerArgsError, read_model_config, read_token_map
-from sgl_dflash.workers.ar_worker import AppendFn, ARWorker, sampling_arrays
+from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.model_config import read_model_config, target_dims
+from sgl_dflash.model_executor.target_worker import AppendFn, TargetWorker, sampling_arrays
 
 
-def _target_config_dict(server_args: ServerArgs) -> dict:
-    config = read_model_config(server_args.model_path, "--model-path")
-    return {key: config[key] for key in ("hidden_size", "vocab_size", "num_hidden_layers")}
-
-
-def validate_dflash_server_args(server_args: ServerArgs) -> None:
-    """Refuse a drafter that does not fit the target or the block size; default the block size."""
+def validate_dflash_server_args(server_args, algorithm: str = "DFLASH") -> None:
+    """Refuse a drafter that does not fit the target or the block size; default the block size.
+    Reads only SGLang's field names, so SGLang's ServerArgs passes too (the plugin's check)."""
     from torchax_proposer import DraftCheckpointError, read_draft_config
 
-    path = server_args.speculative_draft_model_path
+    path = getattr(server_args, "speculative_draft_model_path", None)
     if not path:
-        raise ServerArgsError("--speculative-algorithm DFLASH needs --speculative-draft-model-path")
+        raise ServerArgsError(f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path")
+    target = target_dims(server_args.model_path)
     read_model_config(path, "--speculative-draft-model-path")
     try:
-        draft = read_draft_config(path, _target_config_dict(server_args))
+        draft = read_draft_config(path, target)
     except DraftCheckpointError as e:
         raise ServerArgsError(f"--speculative-draft-model-path {path!r} does not fit the target: {e}") from e
     if server_args.speculative_num_draft_tokens is None:
@@ -59,15 +59,36 @@ def validate_dflash_server_args(server_args: ServerArgs) -> None:
             f"--speculative-num-draft-tokens must be an integer in [2, {draft.block_size}] (the "
             f"drafter's block_size), got {block!r}"
         )
-    if server_args.speculative_token_map is not None:
+    if getattr(server_args, "speculative_token_map", None) is not None:
         read_token_map(server_args.speculative_token_map, draft.vocab_size)
 
 
-class DFlashWorker(ARWorker):
-    def __init__(self, server_args: ServerArgs):
+def read_token_map(path: str, vocab_size: int) -> list[int]:
+    """The token ids of a --speculative-token-map file (a JSON list), checked against the vocabulary."""
+    flag = "--speculative-token-map"
+    if not os.path.isfile(path):
+        raise ServerArgsError(f"{flag} {path!r}: no such file")
+    try:
+        with open(path) as f:
+            ids = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerArgsError(f"{flag} {path!r}: not a JSON list of token ids ({e})") from None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ServerArgsError(f"{flag} {path!r}: expected a non-empty JSON list of integer token ids")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad or len(set(ids)) != len(ids):
+        raise ServerArgsError(
+            f"{flag} {path!r}: token ids must be distinct and in [0, {vocab_size})"
+            + (f"; got {bad[:5]}" if bad else "; got duplicates")
+        )
+    return ids
+
+
+class DFlashWorker(TargetWorker):
+    def __init__(self, server_args):
         from torchax_proposer import DFlashProposer, read_draft_config
 
-        target_config = _target_config_dict(server_args)
+        target_config = target_dims(server_args.model_path)
         draft_config = read_draft_config(server_args.speculative_draft_model_path, target_config)
         self.block_size = server_args.speculative_num_draft_tokens or draft_config.block_size
         self.tokens_per_step = self.block_size  # a verify block writes B KV slots

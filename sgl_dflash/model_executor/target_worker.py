@@ -15,16 +15,15 @@ import numpy as np
 
 from jax_backend import SeqInput, TargetRunner, sampling
 from jax_backend.batch import bucket
-from sgl_dflash.schedule_batch import Req
-from sgl_dflash.server_args import ServerArgs
+from sgl_dflash.managers.schedule_batch import Req
 
 AppendFn = Callable[[Req, list[int]], int]
 
 
-class ARWorker:
+class TargetWorker:
     tokens_per_step = 1  # KV slots one decode step writes past the committed length
 
-    def __init__(self, server_args: ServerArgs, aux_layer_ids: Sequence[int] = ()):
+    def __init__(self, server_args, aux_layer_ids: Sequence[int] = ()):
         self.server_args = server_args
         # Recording aux rows for the caller (training data) is a NONE feature (ServerArgs.check).
         self.record_aux = bool(server_args.aux_hidden_layers)

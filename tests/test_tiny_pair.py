@@ -4,11 +4,11 @@ an HF target the Engine serves from text, a drafter that fits it, and a stamp th
 import dataclasses
 import json
 
-from sgl_dflash.default_model import SPECIAL_TOKENS, DefaultModelSpec, ensure_default_model
-from sgl_dflash.engine import Engine
+from sgl_dflash.tools.tiny_pair import SPECIAL_TOKENS, TinyPairSpec, ensure_tiny_pair
+from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.server_args import ServerArgs
 
-MINI = DefaultModelSpec(
+MINI = TinyPairSpec(
     topics=("pass", "break"), vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
     intermediate_size=64, max_position_embeddings=256, target_steps=3, target_batch=2, target_seq_len=32,
     answer_tokens=6, draft_block_size=4, draft_steps=2,
@@ -16,7 +16,7 @@ MINI = DefaultModelSpec(
 
 
 def test_builds_a_servable_pair_once(tmp_path):
-    model = ensure_default_model(tmp_path / "pair", MINI, progress=False)
+    model = ensure_tiny_pair(tmp_path / "pair", MINI, progress=False)
     target = json.loads((tmp_path / "pair/target/config.json").read_text())
     assert target["architectures"] == ["LlamaForCausalLM"] and target["tie_word_embeddings"]
 
@@ -41,7 +41,7 @@ def test_builds_a_servable_pair_once(tmp_path):
     # Built once: the same recipe reuses the files; another recipe rebuilds.
     stamp = tmp_path / "pair/build.json"
     mtime = stamp.stat().st_mtime_ns
-    ensure_default_model(tmp_path / "pair", MINI, progress=False)
+    ensure_tiny_pair(tmp_path / "pair", MINI, progress=False)
     assert stamp.stat().st_mtime_ns == mtime
-    ensure_default_model(tmp_path / "pair", dataclasses.replace(MINI, seed=1), progress=False)
+    ensure_tiny_pair(tmp_path / "pair", dataclasses.replace(MINI, seed=1), progress=False)
     assert json.loads(stamp.read_text())["seed"] == 1

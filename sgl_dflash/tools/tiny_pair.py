@@ -1,7 +1,7 @@
-"""The embedded default model: a tiny target + DFlash drafter pair generated on this machine.
+"""The tiny pair: a small target + DFlash drafter generated on this machine (no download).
 
-Until a real small model is imported, `python -m sgl_dflash.demo` runs on a pair built here into
-`cache/default_model/` (no download): a byte-level BPE tokenizer with a chat template trained
+`python -m sgl_dflash.demo --tiny-pair` and `python -m sgl_dflash.tools.bench_dflash` run on a
+pair built here into `cache/tiny_pair/`: a byte-level BPE tokenizer with a chat template trained
 with the `tokenizers` library, a tiny Llama target (SmolLM2-style, tied embeddings) trained
 on a dozen topics of Python's own documentation (the `pydoc_data` topics shipped with CPython) posed
 as chat turns, until it has nearly memorized them, and a DFlash drafter trained with
@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-CACHE_DIR = Path(__file__).resolve().parent.parent / "cache" / "default_model"
+from sgl_dflash.tools import CACHE_DIR
+
+PAIR_DIR = CACHE_DIR / "tiny_pair"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -30,7 +32,7 @@ _STAMP = "build.json"
 
 
 @dataclasses.dataclass(frozen=True)
-class DefaultModelSpec:
+class TinyPairSpec:
     topics: tuple[str, ...] = (
         "for", "while", "if", "return", "assert", "pass", "break", "continue", "lambda", "booleans",
         "class", "with",
@@ -55,28 +57,28 @@ class DefaultModelSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class DefaultModel:
+class TinyPair:
     target_dir: str
     draft_dir: str
 
 
-def ensure_default_model(
-    cache_dir: str | Path = CACHE_DIR, spec: DefaultModelSpec = DefaultModelSpec(), progress: bool = True
-) -> DefaultModel:
-    """The default pair under `cache_dir`, built first if missing or built with another spec."""
+def ensure_tiny_pair(
+    cache_dir: str | Path = PAIR_DIR, spec: TinyPairSpec = TinyPairSpec(), progress: bool = True
+) -> TinyPair:
+    """The tiny pair under `cache_dir`, built first if missing or built with another spec."""
     cache_dir = Path(cache_dir)
-    model = DefaultModel(str(cache_dir / "target"), str(cache_dir / "drafter"))
+    model = TinyPair(str(cache_dir / "target"), str(cache_dir / "drafter"))
     stamp, recipe = cache_dir / _STAMP, json.dumps(dataclasses.asdict(spec), indent=2)
     if stamp.is_file() and stamp.read_text() == recipe:
         return model
     if cache_dir.exists():
         shutil.rmtree(cache_dir)
-    build_default_model(model, spec, progress)
+    build_tiny_pair(model, spec, progress)
     stamp.write_text(recipe)
     return model
 
 
-def build_default_model(model: DefaultModel, spec: DefaultModelSpec, progress: bool = True) -> None:
+def build_tiny_pair(model: TinyPair, spec: TinyPairSpec, progress: bool = True) -> None:
     from sgl_dflash.train.core import train_drafter
 
     chats = chat_samples(spec.topics)
@@ -144,7 +146,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path):
 
 
 # -- target -----------------------------------------------------------------------------------
-def train_target(out_dir: str | Path, tokenizer, texts: list[str], spec: DefaultModelSpec, progress: bool) -> None:
+def train_target(out_dir: str | Path, tokenizer, texts: list[str], spec: TinyPairSpec, progress: bool) -> None:
     """A tiny Llama trained on `texts` (packed, next-token loss), saved in HF format."""
     import torch
     from tqdm import tqdm
@@ -184,7 +186,7 @@ def train_target(out_dir: str | Path, tokenizer, texts: list[str], spec: Default
 def greedy_answers(target_dir: str, prompts: list[list[int]], max_new_tokens: int):
     """The target's own greedy answers (the drafter learns to predict the target), with a loss
     mask over the answer tokens."""
-    from sgl_dflash.engine import Engine
+    from sgl_dflash.entrypoints.engine import Engine
 
     engine = Engine(model_path=target_dir, skip_tokenizer_init=True, max_running_requests=32,
                     max_total_tokens=32 * 512)
@@ -193,10 +195,3 @@ def greedy_answers(target_dir: str, prompts: list[list[int]], max_new_tokens: in
     masks = [[False] * len(p) + [True] * len(o["output_ids"]) for p, o in zip(prompts, outputs)]
     return sequences, masks
 
-
-def use_compilation_cache(cache_dir: str | Path = CACHE_DIR.parent / "jax_compilation_cache") -> None:
-    """Keep compiled JAX programs on disk, so that later runs skip most compilation."""
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

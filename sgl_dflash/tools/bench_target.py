@@ -6,7 +6,7 @@ Measures
 - the verify-cost curve c(K) = time(forward of K new tokens) / time(forward of 1 token) at a
   fixed context, for both, plus ours/theirs time ratios.
 
-    python -m sgl_dflash.bench_target [--context 512] [--out bench_results/target.json]
+    python -m sgl_dflash.tools.bench_target [--context 512] [--out bench_results/target.json]
 """
 
 from __future__ import annotations

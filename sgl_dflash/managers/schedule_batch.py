@@ -13,11 +13,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from sgl_dflash.sampling_params import InvalidRequestError, SamplingParams
-
-
-class ContextLengthError(InvalidRequestError):
-    """The prompt does not fit the model's context length."""
+from sgl_dflash.sampling_params import SamplingParams
 
 
 _rid_counter = itertools.count()

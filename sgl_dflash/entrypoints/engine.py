@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sgl_dflash.sampling_params import InvalidRequestError, SamplingParams
-from sgl_dflash.schedule_batch import Req, new_rid
-from sgl_dflash.scheduler import Scheduler
+from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.managers.schedule_batch import Req, new_rid
+from sgl_dflash.managers.scheduler import Scheduler
+from sgl_dflash.sampling_params import SamplingParams
 from sgl_dflash.server_args import ServerArgs
 
 
