@@ -39,32 +39,25 @@ def none_outputs(none_engine, spec_prompts):
 
 
 def watch_steps(engine, monkeypatch):
-    """Wrap the worker (until the test ends): after every prefill/decode, each live request's
-    drafter committed length must equal its target committed length; records (tokens offered,
-    tokens kept) of every append that cut tokens."""
+    """Wrap the scheduler's result processing (until the test ends): after every prefill/decode
+    step, each live request's drafter committed length must equal its target committed length;
+    records (tokens offered, tokens kept) of every step whose stop rules cut tokens."""
     worker, scheduler = engine.scheduler.worker, engine.scheduler
     log = {"checks": 0, "cut": []}
-    prefill, decode, append = worker.prefill, worker.decode, scheduler._append
+    process = scheduler.process_batch_result
 
-    def checked(run):
-        def wrapper(reqs, append_fn):
-            result = run(reqs, append_fn)
-            live = [r for r in reqs if not r.finished]
-            for target_len, drafter_len in worker.committed_lens(live):
-                assert drafter_len == target_len
+    def checked(batch, result):
+        before = [len(r.output_ids) for r in batch.reqs]
+        process(batch, result)
+        for i, req in enumerate(batch.reqs):
+            offered, kept = int(result.num_new_tokens[i]), len(req.output_ids) - before[i]
+            if kept < offered:
+                log["cut"].append((req.finished_reason["type"], offered, kept))
+            if not req.finished:
+                assert worker.committed_len(req.slot) == req.committed_len
                 log["checks"] += 1
-            return result
-        return wrapper
 
-    def counting_append(req, tokens):
-        kept = append(req, tokens)
-        if kept < len(tokens):
-            log["cut"].append((req.finished_reason["type"], len(tokens), kept))
-        return kept
-
-    monkeypatch.setattr(worker, "prefill", checked(prefill))
-    monkeypatch.setattr(worker, "decode", checked(decode))
-    monkeypatch.setattr(scheduler, "_append", counting_append)
+    monkeypatch.setattr(scheduler, "process_batch_result", checked)
     return log
 
 
@@ -104,16 +97,17 @@ def record_chunks(engine):
     """Record the token lists handed over per step (prefill token, then a+1 per verify) by rid.
     Returns (chunks, stop_recording)."""
     chunks = {}
-    append = engine.scheduler._append
+    process = engine.scheduler.process_batch_result
 
-    def recording_append(req, tokens):
-        chunks.setdefault(req.rid, []).append(list(tokens))
-        return append(req, tokens)
+    def recording_process(batch, result):
+        for i, req in enumerate(batch.reqs):
+            chunks.setdefault(req.rid, []).append(result.new_tokens(i))
+        process(batch, result)
 
-    engine.scheduler._append = recording_append
+    engine.scheduler.process_batch_result = recording_process
 
     def stop():
-        engine.scheduler._append = append
+        engine.scheduler.process_batch_result = process
 
     return chunks, stop
 

@@ -8,7 +8,7 @@ import pytest
 
 from sgl_dflash.errors import InvalidRequestError
 from sgl_dflash.sampling_params import SamplingParams
-from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.managers.schedule_batch import ForwardMode, Req
 
 
 def run_to_completion(scheduler, reqs, on_step=None):
@@ -110,7 +110,7 @@ def test_failing_request_does_not_disturb_others(engine, spec_prompts, monkeypat
         "temperature": 0.0, "max_new_tokens": 30, "ignore_eos": True})]
     reqs = [Req(f"fail-{i}", p, greedy(30)) for i, p in enumerate(spec_prompts)]
     poison = reqs[2]
-    target = scheduler.worker.target
+    target = scheduler.worker.runner
     forward = target.forward
 
     def failing_forward(seqs):
@@ -149,15 +149,17 @@ def test_steady_state_decode_compiles_nothing(engine, monkeypatch):
             compiles.append(name)
 
     worker = engine.scheduler.worker
-    decode = worker.decode
+    run = worker.forward_batch_generation
     in_decode = []
 
-    def counting_decode(reqs, append):
+    def counting_run(batch):
         before = len(compiles)
-        decode(reqs, append)
-        in_decode.append(len(compiles) - before)
+        result = run(batch)
+        if batch.forward_mode is ForwardMode.DECODE:
+            in_decode.append(len(compiles) - before)
+        return result
 
-    monkeypatch.setattr(worker, "decode", counting_decode)
+    monkeypatch.setattr(worker, "forward_batch_generation", counting_run)
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
     try:

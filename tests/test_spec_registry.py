@@ -52,9 +52,9 @@ class CountingWorker(TargetWorker):
 
     decode_calls = 0
 
-    def decode(self, reqs, append):
+    def forward_decode(self, batch):
         CountingWorker.decode_calls += 1
-        super().decode(reqs, append)
+        return super().forward_decode(batch)
 
 
 def test_outside_plugin_registers_like_dflash(engine_kwargs, none_engine, spec_prompts):

@@ -1,10 +1,10 @@
-"""Token logprobs for `return_logprob` (SGLang's meta_info fields), computed by scoring.
+"""Token logprobs for `return_logprob`, in SGLang's meta_info layout.
 
 The scheduler does not keep logits, so a request that asks for logprobs is scored once it has
-finished: one target forward over prompt + output (logits of every position) in a borrowed
-slice of the KV pool, run by the scheduler thread between two steps. The values are those of
-the target model's own distribution (log-softmax of its logits, before temperature / top-p /
-top-k), the same for speculative and plain decoding.
+finished: the tokenizer manager asks the worker (`Scheduler.score` -> `TargetWorker.score`, one
+target forward over prompt + output, run by the scheduler thread between two steps). The values
+are those of the target model's own distribution (log-softmax of its logits, before temperature /
+top-p / top-k), the same for speculative and plain decoding.
 
 Layout, as SGLang's: `input_token_logprobs` has one entry per prompt position from
 `logprob_start_len` on, the first being `None` (its logit is not computed);
@@ -14,51 +14,9 @@ only with `return_text_in_logprobs`; top-k lists `[(logprob, token_id, text), ..
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import numpy as np
-
-from jax_backend.batch import SeqInput
-
-# Sequence id of the borrowed KV pages (never a scheduler slot, which are ints).
-SCORING_SEQ_ID = "server-logprob-scoring"
-
-
-@dataclasses.dataclass
-class TokenScores:
-    """For tokens[1:] of a scored sequence: logprob of each, and the top-k alternatives."""
-
-    token_logprobs: np.ndarray  # [n-1] float64
-    top_ids: np.ndarray  # [n-1, k] int
-    top_logprobs: np.ndarray  # [n-1, k] float64
-
-
-def score_tokens(worker: Any, token_ids: list[int], top_k: int) -> TokenScores | None:
-    """Score `token_ids` with the target (one forward, all logits). Returns None when the KV pool
-    lacks the pages right now; call again after the scheduler's next step."""
-    allocator = worker.allocator
-    n = len(token_ids)
-    if n < 2:
-        empty = np.zeros((0, 0))
-        return TokenScores(np.zeros(0), empty.astype(np.int64), empty)
-    if allocator.pages_needed(SCORING_SEQ_ID, n) > allocator.num_free_pages:
-        return None
-    allocator.allocate(SCORING_SEQ_ID, n)
-    try:
-        table = allocator.page_table(SCORING_SEQ_ID)
-        out = worker.target.forward([SeqInput(list(token_ids), 0, table, "all")])
-    finally:
-        allocator.free(SCORING_SEQ_ID)
-    logits = np.asarray(out.logits[0][: n - 1], np.float64)  # row j predicts token j+1
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    targets = np.asarray(token_ids[1:], np.int64)
-    token_logprobs = logprobs[np.arange(n - 1), targets]
-    k = min(max(top_k, 0), logprobs.shape[-1])
-    top_ids = np.argsort(-logprobs, axis=-1, kind="stable")[:, :k]
-    top_logprobs = np.take_along_axis(logprobs, top_ids, axis=-1)
-    return TokenScores(token_logprobs, top_ids, top_logprobs)
+from sgl_dflash.managers.schedule_batch import TokenScores
 
 
 def logprob_meta_info(

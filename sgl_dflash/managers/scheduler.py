@@ -1,8 +1,12 @@
-"""Continuous-batching scheduler: one job — decide which requests run each step.
+"""Continuous-batching scheduler: decides which requests run each step, and is the only place
+where a step's result touches a request.
 
-Each `step()` is either a prefill of newly admitted requests or one decode step for every running
-request (prefill first, like nano-vllm / SGLang without mixed chunks). Requests join and leave
-between steps. The KV page budget is enforced here:
+Each `step()` is either a prefill (EXTEND) of newly admitted requests or one decode step for every
+running request (prefill first, like nano-vllm / SGLang without mixed chunks): the scheduler hands
+the worker a `ModelWorkerBatch` and applies the `GenerationBatchResult` it returns
+(`process_batch_result`: stop rules, statistics, aux rows). Requests join and leave between
+steps. The KV page budget is enforced here (pages are jax_backend's, through the worker's
+allocator):
 - a waiting request is admitted only when its prompt plus one decode step fits in free pages
   (with a little headroom for the running requests to grow);
 - before a decode step every running request gets pages for `committed_len + tokens_per_step`;
@@ -22,7 +26,13 @@ import time
 from typing import Any
 
 from sgl_dflash.errors import InvalidRequestError
-from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.managers.schedule_batch import (
+    ForwardMode,
+    GenerationBatchResult,
+    Req,
+    ScheduleBatch,
+    TokenScores,
+)
 from sgl_dflash.model_config import eos_token_ids
 from sgl_dflash.server_args import ServerArgs
 from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm
@@ -119,11 +129,11 @@ class Scheduler:
             progressed, self._finished_outside_step = self._finished_outside_step, []
             batch = self._admit()
             if batch:
-                self._run("prefill", batch)
+                self.run_batch(ScheduleBatch(batch, ForwardMode.EXTEND))
             else:
                 batch = self._reserve_decode_pages()
                 if batch:
-                    self._run("decode", batch)
+                    self.run_batch(ScheduleBatch(batch, ForwardMode.DECODE))
                     self.stats["decode_steps"] += 1
             for req in batch:
                 if req.finished:
@@ -175,35 +185,53 @@ class Scheduler:
         req.num_retractions += 1
         self.stats["num_retractions"] += 1
 
-    def _run(self, phase: str, batch: list[Req]) -> None:
-        """Run a batch; if it raises, run its requests one by one so only the culprit fails."""
-        run = getattr(self.worker, phase)
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        """Run a batch on the worker and apply its result; if it raises, run its requests one by
+        one so only the culprit fails."""
         try:
-            run(batch, self._append)
+            result = self.worker.forward_batch_generation(batch.get_model_worker_batch(self.allocator.page_table))
         except Exception as e:
-            if len(batch) == 1:
-                logger.exception("%s failed for request %s", phase, batch[0].rid)
-                batch[0].abort(f"internal error during {phase}: {type(e).__name__}: {e}")
+            phase = batch.forward_mode.value
+            if len(batch.reqs) == 1:
+                logger.exception("%s failed for request %s", phase, batch.reqs[0].rid)
+                batch.reqs[0].abort(f"internal error during {phase}: {type(e).__name__}: {e}")
                 return
-            logger.warning("%s of %d requests failed (%s); isolating the failure", phase, len(batch), e)
-            for req in batch:
+            logger.warning("%s of %d requests failed (%s); isolating the failure", phase, len(batch.reqs), e)
+            for req in batch.reqs:
                 if not req.finished:
-                    self._run(phase, [req])
+                    self.run_batch(ScheduleBatch([req], batch.forward_mode))
+            return
+        self.process_batch_result(batch, result)
 
-    def _append(self, req: Req, tokens: list[int]) -> int:
-        """Workers hand new tokens here; stop rules cut them. Errors finish only this request."""
-        try:
-            before = len(req.output_ids)
-            detok = None
-            if self.tokenizer is not None:
-                detok = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-            kept = req.append_tokens(tokens, self.eos_token_ids, detok)
-            self.stats["generated_tokens"] += len(req.output_ids) - before
-            return kept
-        except Exception as e:
-            logger.exception("post-processing failed for request %s", req.rid)
-            req.abort(f"internal error while processing output: {type(e).__name__}: {e}")
-            return 0
+    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        """Apply a step's result to its requests: new tokens through the stop rules (which may cut
+        a verified block), speculative statistics, aux rows. Errors finish only that request."""
+        detokenize = None
+        if self.tokenizer is not None:
+            detokenize = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        for i, req in enumerate(batch.reqs):
+            try:
+                if result.aux_hidden_states is not None:
+                    if batch.forward_mode is ForwardMode.EXTEND:  # a retracted request is recomputed
+                        req.aux_hidden = [result.aux_hidden_states[i]]
+                    else:
+                        req.aux_hidden.append(result.aux_hidden_states[i])
+                if result.num_draft_tokens:
+                    req.init_spec_stats(result.num_draft_tokens)
+                if result.accept_lens is not None:
+                    req.record_verify(result.num_draft_tokens, int(result.accept_lens[i]))
+                before = len(req.output_ids)
+                req.append_tokens(result.new_tokens(i), self.eos_token_ids, detokenize)
+                self.stats["generated_tokens"] += len(req.output_ids) - before
+            except Exception as e:
+                logger.exception("post-processing failed for request %s", req.rid)
+                req.abort(f"internal error while processing output: {type(e).__name__}: {e}")
+
+    def score(self, token_ids: list[int], top_k: int) -> TokenScores | None:
+        """Logprobs of a sequence from the worker (see `TargetWorker.score`); None while the KV
+        pool lacks the pages."""
+        with self._lock:
+            return self.worker.score(token_ids, top_k)
 
     def _finish(self, req: Req) -> None:
         if req in self.running:
@@ -218,6 +246,7 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         if req.slot is not None:
+            self.allocator.free(req.slot)
             self.worker.release(req.slot)
             self._free_slots.append(req.slot)
             req.slot = None

@@ -24,9 +24,9 @@ from typing import Any
 
 from sgl_dflash.errors import GenerationError, InvalidRequestError
 from sgl_dflash.managers.io_struct import GenerateRequest, Snapshot
-from sgl_dflash.managers.logprobs import TokenScores, logprob_meta_info, score_tokens
+from sgl_dflash.managers.logprobs import logprob_meta_info
 from sgl_dflash.managers.metrics import ServerMetrics
-from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.managers.schedule_batch import Req, TokenScores
 from sgl_dflash.managers.scheduler import Scheduler
 from sgl_dflash.server_args import ServerArgs
 
@@ -168,7 +168,7 @@ class TokenizerManager:
 
         def attempt() -> None:
             try:
-                scores = score_tokens(self.scheduler.worker, token_ids, top_k)
+                scores = self.scheduler.score(token_ids, top_k)
                 if scores is None and not self.scheduler.has_work():
                     raise GenerationError(f"the KV pool cannot hold {len(token_ids)} tokens for scoring")
             except BaseException as e:

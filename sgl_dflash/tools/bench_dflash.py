@@ -7,8 +7,8 @@ Runs on the small generated pair (built on first use; see sgl_dflash.tools.tiny_
 --model-path / --draft-path. Greedy decoding of chat prompts. Every configuration runs once to warm
 up (JAX compiles) and once timed. A DFLASH decode step (one scheduler.step()) is split into draft
 (drafter forward), verify (one target forward over all blocks), accept (acceptance on logits),
-commit (drafter state update + stop rules) and host overhead: the rest of the step's wall time
-(scheduling, page allocation, batching). Prints a table and writes JSON.
+commit (drafter state update) and host overhead: the rest of the step's wall time (scheduling,
+page allocation, batching, applying the result: stop rules). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.managers.schedule_batch import ForwardMode
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
 from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
 
@@ -31,12 +32,12 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
     """Greedy generation in batches of `batch_size`, timing every scheduler step by kind."""
     scheduler, worker = engine.scheduler, engine.scheduler.worker
     clock = {"prefill": 0.0, "decode": 0.0, "decode_steps": 0}
-    step, decode = scheduler.step, worker.decode
+    step, run = scheduler.step, worker.forward_batch_generation
     decoded = []
 
-    def flagging_decode(reqs, append):
-        decoded.append(True)
-        return decode(reqs, append)
+    def flagging_run(batch):
+        decoded.append(batch.forward_mode is ForwardMode.DECODE)
+        return run(batch)
 
     def timed_step():
         decoded.clear()
@@ -44,11 +45,11 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
         try:
             return step()
         finally:
-            kind = "decode" if decoded else "prefill"
+            kind = "decode" if any(decoded) else "prefill"
             clock[kind] += time.perf_counter() - start
             clock["decode_steps"] += kind == "decode"
 
-    scheduler.step, worker.decode = timed_step, flagging_decode
+    scheduler.step, worker.forward_batch_generation = timed_step, flagging_run
     timings = getattr(worker, "timings", None)
     if timings is not None:
         timings.clear()
@@ -59,7 +60,7 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
         for i in range(0, len(prompts), batch_size):
             outputs += engine.generate(prompt=prompts[i : i + batch_size], sampling_params=params)
     finally:
-        scheduler.step, worker.decode = step, decode
+        scheduler.step, worker.forward_batch_generation = step, run
     wall = time.perf_counter() - start
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
     result = {
