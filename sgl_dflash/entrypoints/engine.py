@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.managers.detokenizer_manager import final_text
 from sgl_dflash.managers.schedule_batch import Req, new_rid
 from sgl_dflash.managers.scheduler import Scheduler
 from sgl_dflash.sampling_params import SamplingParams
@@ -45,7 +46,11 @@ class Engine:
             for req in reqs:
                 self.scheduler.abort_request(req.rid)
             raise
-        outputs = [req.to_output(with_text=self.tokenizer is not None) for req in reqs]
+        # Text is decoded once per request, after the scheduler is done with it.
+        outputs = [
+            req.to_output(None if self.tokenizer is None else final_text(self.tokenizer, req.output_ids, req.finished_reason))
+            for req in reqs
+        ]
         return outputs[0] if single else outputs
 
     def _inputs(self, prompt: Any, input_ids: Any) -> tuple[bool, list[list[int]]]:

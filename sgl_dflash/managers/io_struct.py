@@ -29,10 +29,10 @@ class GenerateRequest:
 
 @dataclasses.dataclass
 class Snapshot:
-    """A request's state after a scheduler step, copied in the scheduler thread."""
+    """A request's state after a scheduler step, copied in the scheduler thread (ids only: the
+    text is decoded on the event-loop side)."""
 
     rid: str
     output_ids: list[int]
-    text: str
     finished_reason: dict[str, Any] | None
     meta_info: dict[str, Any]

@@ -41,8 +41,9 @@ class Req:
     sampling_params: SamplingParams
     output_ids: list[int] = dataclasses.field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
-    # Decoded output (set when a tokenizer is loaded); stop strings are matched on it.
-    text: str = ""
+    # Matches stop strings on the output's text, decoded incrementally (an
+    # IncrementalDetokenizer; set by the scheduler when the request has stop strings).
+    stop_detokenizer: Any = None
     created_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -82,12 +83,7 @@ class Req:
     def abort(self, message: str, status_code: int = 500) -> None:
         self.finish({"type": "abort", "message": message, "status_code": status_code})
 
-    def append_tokens(
-        self,
-        tokens: Iterable[int],
-        eos_token_ids: frozenset[int] = frozenset(),
-        detokenize: Callable[[list[int]], str] | None = None,
-    ) -> int:
+    def append_tokens(self, tokens: Iterable[int], eos_token_ids: frozenset[int] = frozenset()) -> int:
         """Append newly decided tokens, stopping at the first one that finishes the request.
 
         Returns how many were kept; the rest (e.g. the tail of a verified block after a stop
@@ -98,8 +94,8 @@ class Req:
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids |= eos_token_ids
-        stop_strs = params.stop_strs if detokenize is not None else []
-        kept, text_is_final = 0, False
+        stop_strs = params.stop_strs if self.stop_detokenizer is not None else []
+        kept = 0
         for token in tokens:
             if self.finished:
                 break
@@ -111,16 +107,10 @@ class Req:
                 self.finish({"type": "length", "length": params.max_new_tokens})
             elif token in stop_ids:
                 self.finish({"type": "stop", "matched": int(token)})
-            elif stop_strs:  # decode after every token: the string may end at any of them
-                self.text = detokenize(self.output_ids)
-                for stop in stop_strs:
-                    at = self.text.find(stop)
-                    if at >= 0:
-                        self.text, text_is_final = self.text[:at], True
-                        self.finish({"type": "stop", "matched": stop})
-                        break
-        if detokenize is not None and kept and not text_is_final:
-            self.text = detokenize(self.output_ids)
+            elif stop_strs:  # after every token: a stop string may end at any of them
+                stop = self.stop_detokenizer.find_stop(self.output_ids, stop_strs)
+                if stop is not None:
+                    self.finish({"type": "stop", "matched": stop})
         return kept
 
     # -- statistics -----------------------------------------------------------------------
@@ -160,11 +150,11 @@ class Req:
             info["aux_hidden_states"] = np.concatenate(self.aux_hidden)
         return info
 
-    def to_output(self, with_text: bool = True) -> dict[str, Any]:
-        """SGLang's generate() result: {"text", "output_ids", "meta_info"}."""
+    def to_output(self, text: str | None = None) -> dict[str, Any]:
+        """SGLang's generate() result: {"text", "output_ids", "meta_info"} ("text" when given)."""
         out: dict[str, Any] = {"output_ids": list(self.output_ids), "meta_info": self.meta_info()}
-        if with_text:
-            out = {"text": self.text, **out}
+        if text is not None:
+            out = {"text": text, **out}
         return out
 
 

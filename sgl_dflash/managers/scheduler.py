@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.managers.detokenizer_manager import IncrementalDetokenizer
 from sgl_dflash.managers.schedule_batch import (
     ForwardMode,
     GenerationBatchResult,
@@ -75,6 +76,8 @@ class Scheduler:
                 raise InvalidRequestError(f"request id {req.rid!r} is already in use")
             self.stats["num_requests"] += 1
             self.stats["prompt_tokens"] += len(req.input_ids)
+            if req.sampling_params.stop_strs and self.tokenizer is not None:
+                req.stop_detokenizer = IncrementalDetokenizer(self.tokenizer)
             if req.sampling_params.max_new_tokens == 0:
                 req.finish({"type": "length", "length": 0})
                 self._finished_outside_step.append(req)
@@ -206,9 +209,6 @@ class Scheduler:
     def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         """Apply a step's result to its requests: new tokens through the stop rules (which may cut
         a verified block), speculative statistics, aux rows. Errors finish only that request."""
-        detokenize = None
-        if self.tokenizer is not None:
-            detokenize = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         for i, req in enumerate(batch.reqs):
             try:
                 if result.aux_hidden_states is not None:
@@ -221,7 +221,7 @@ class Scheduler:
                 if result.accept_lens is not None:
                     req.record_verify(result.num_draft_tokens, int(result.accept_lens[i]))
                 before = len(req.output_ids)
-                req.append_tokens(result.new_tokens(i), self.eos_token_ids, detokenize)
+                req.append_tokens(result.new_tokens(i), self.eos_token_ids)
                 self.stats["generated_tokens"] += len(req.output_ids) - before
             except Exception as e:
                 logger.exception("post-processing failed for request %s", req.rid)

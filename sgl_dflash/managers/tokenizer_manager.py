@@ -6,9 +6,11 @@ request that progressed to the event loop, which routes it to the request's asyn
 Handlers never call into the scheduler directly, so a long model step never blocks the event
 loop, and the scheduler's state is only touched by its own thread.
 
-Text is streamed incrementally: each chunk carries the text decoded so far minus a held-back
-tail (an incomplete UTF-8 character, or the beginning of a stop string that may still be
-trimmed), so what was sent is always a prefix of the final text.
+Snapshots carry token ids; text is made here, on the event-loop side, never in the scheduler
+thread (`detokenizer_manager`): each streamed chunk carries the text decoded so far (incrementally:
+only the new tokens are decoded) minus a held-back tail (an incomplete UTF-8 character, or the
+beginning of a stop string that may still be trimmed), so what was sent is always a prefix of the
+final text; a finished request's text is decoded once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sgl_dflash.errors import GenerationError, InvalidRequestError
+from sgl_dflash.managers.detokenizer_manager import REPLACEMENT_CHAR, IncrementalDetokenizer, final_text
 from sgl_dflash.managers.io_struct import GenerateRequest, Snapshot
 from sgl_dflash.managers.logprobs import logprob_meta_info
 from sgl_dflash.managers.metrics import ServerMetrics
@@ -42,6 +45,7 @@ class _ReqState:
         self.req = req
         self.queue: asyncio.Queue[Snapshot] = asyncio.Queue()
         self.sent_text = ""
+        self.detokenizer: IncrementalDetokenizer | None = None  # made on the first streamed chunk
         self.arrival = time.perf_counter()
         self.first_output_time: float | None = None
         self.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
@@ -140,7 +144,6 @@ class TokenizerManager:
         return Snapshot(
             rid=req.rid,
             output_ids=list(req.output_ids),
-            text=req.text,
             finished_reason=dict(reason) if reason is not None else None,
             meta_info=meta_info,
         )
@@ -301,17 +304,19 @@ class TokenizerManager:
     def _output(self, state: _ReqState, snap: Snapshot) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.tokenizer is not None:
-            out["text"] = self._visible_text(state, snap)
+            out["text"] = self._text(state, snap)
         out["output_ids"] = snap.output_ids
         out["meta_info"] = snap.meta_info
         return out
 
-    def _visible_text(self, state: _ReqState, snap: Snapshot) -> str:
+    def _text(self, state: _ReqState, snap: Snapshot) -> str:
         """Text safe to show now: never retracted later (see module docstring)."""
         if snap.finished_reason is not None:
-            return snap.text
-        text = snap.text
-        end = len(text.rstrip("\ufffd"))
+            return final_text(self.tokenizer, snap.output_ids, snap.finished_reason)
+        if state.detokenizer is None:
+            state.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        text = state.detokenizer.update(snap.output_ids)
+        end = len(text.rstrip(REPLACEMENT_CHAR))
         hold = 0
         for stop in state.req.sampling_params.stop_strs:
             for k in range(min(len(stop) - 1, end), hold, -1):
