@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sgl_dflash.managers.schedule_batch import TokenScores
+from sgl_dflash.model_executor.forward_batch_info import TokenScores
 
 
 def logprob_meta_info(

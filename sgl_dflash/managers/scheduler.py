@@ -27,13 +27,8 @@ from typing import Any
 
 from sgl_dflash.errors import InvalidRequestError
 from sgl_dflash.managers.detokenizer_manager import IncrementalDetokenizer
-from sgl_dflash.managers.schedule_batch import (
-    ForwardMode,
-    GenerationBatchResult,
-    Req,
-    ScheduleBatch,
-    TokenScores,
-)
+from sgl_dflash.managers.schedule_batch import Req, ScheduleBatch
+from sgl_dflash.model_executor.forward_batch_info import ForwardMode, GenerationBatchResult, TokenScores
 from sgl_dflash.model_config import eos_token_ids
 from sgl_dflash.server_args import ServerArgs
 from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm

@@ -29,8 +29,9 @@ from sgl_dflash.managers.detokenizer_manager import REPLACEMENT_CHAR, Incrementa
 from sgl_dflash.managers.io_struct import GenerateRequest, Snapshot
 from sgl_dflash.managers.logprobs import logprob_meta_info
 from sgl_dflash.managers.metrics import ServerMetrics
-from sgl_dflash.managers.schedule_batch import Req, TokenScores
+from sgl_dflash.managers.schedule_batch import Req
 from sgl_dflash.managers.scheduler import Scheduler
+from sgl_dflash.model_executor.forward_batch_info import TokenScores
 from sgl_dflash.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

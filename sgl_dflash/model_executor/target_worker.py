@@ -20,7 +20,7 @@ import numpy as np
 
 from jax_backend import ForwardOutput, SeqInput, TargetRunner, sampling
 from jax_backend.batch import bucket
-from sgl_dflash.managers.schedule_batch import (
+from sgl_dflash.model_executor.forward_batch_info import (
     ForwardMode,
     GenerationBatchResult,
     ModelWorkerBatch,

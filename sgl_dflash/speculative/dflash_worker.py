@@ -35,14 +35,14 @@ import numpy as np
 from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.errors import ServerArgsError
-from sgl_dflash.managers.schedule_batch import (
+from sgl_dflash.model_config import read_model_config, target_dims
+from sgl_dflash.model_executor.forward_batch_info import (
     ForwardMode,
     GenerationBatchResult,
     ModelWorkerBatch,
     SamplingBatchInfo,
     TokenScores,
 )
-from sgl_dflash.model_config import read_model_config, target_dims
 from sgl_dflash.model_executor.target_worker import TargetWorker
 
 

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from sgl_dflash.entrypoints.engine import Engine
-from sgl_dflash.managers.schedule_batch import ForwardMode
+from sgl_dflash.model_executor.forward_batch_info import ForwardMode
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
 from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
 

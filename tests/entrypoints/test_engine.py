@@ -22,7 +22,7 @@ def hf_greedy(hf, prompt, max_new_tokens, eos_token_id=None):
     return out[0, len(prompt):].tolist()
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
+@pytest.fixture(scope="module", params=["qwen3", pytest.param("llama", marks=pytest.mark.slow)])
 def arch_setup(request, tiny_qwen3_dir, tiny_llama_dir):
     model_dir = {"qwen3": tiny_qwen3_dir, "llama": tiny_llama_dir}[request.param]
     engine = Engine(model_path=model_dir, skip_tokenizer_init=True, max_total_tokens=1024, max_running_requests=8)
@@ -113,6 +113,7 @@ def test_text_in_text_out_with_tokenizer(tokenizer_model_dir):
     assert len(cut["output_ids"]) < 16
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_respects_top_k(tiny_qwen3_dir):
     kwargs = dict(model_path=tiny_qwen3_dir, skip_tokenizer_init=True, max_total_tokens=1024, random_seed=7)
     params = {"temperature": 1.0, "top_k": 2, "max_new_tokens": 6, "ignore_eos": True}
@@ -129,6 +130,7 @@ def test_sampling_is_seeded_and_respects_top_k(tiny_qwen3_dir):
         assert np.all((top2 == np.array(out)[:, None]).any(axis=1))
 
 
+@pytest.mark.slow
 def test_aux_hidden_layers_are_transformers_hidden_states_recorded_while_generating(tiny_llama_dir):
     """`aux_hidden_layers` (drafter training data in one pass): meta_info["aux_hidden_states"] holds
     one row per token of prompt + output but the last, equal to transformers' hidden_states[l + 1]

@@ -18,6 +18,8 @@ from tests.server_harness import launch_cli_server, save_byte_tokenizer
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 API_KEY = "sk-openai-test"
 BLOCK = 4
 

@@ -23,6 +23,8 @@ from sgl_dflash.server_args import ServerArgs
 from tests.server_harness import save_byte_tokenizer, start_in_process, wait_until_idle
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PAGE_SIZE = 8

@@ -15,6 +15,8 @@ from tests.server_harness import save_byte_tokenizer, start_in_process
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):

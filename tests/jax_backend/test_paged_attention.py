@@ -98,6 +98,7 @@ def test_matches_dense_reference(num_q_heads, num_kv_heads, chunk_tokens):
         np.testing.assert_allclose(ours[start : start + q_len], expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_matches_jax_tpu_reference():
     """Same semantics as the TPU kernel's reference (which is eager and slow: one case)."""
     args, specs = _mixed_case(4, 2, seed=3)

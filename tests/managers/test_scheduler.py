@@ -8,7 +8,8 @@ import pytest
 
 from sgl_dflash.errors import InvalidRequestError
 from sgl_dflash.sampling_params import SamplingParams
-from sgl_dflash.managers.schedule_batch import ForwardMode, Req
+from sgl_dflash.managers.schedule_batch import Req
+from sgl_dflash.model_executor.forward_batch_info import ForwardMode
 
 
 def run_to_completion(scheduler, reqs, on_step=None):
@@ -47,6 +48,7 @@ def heavy_load(none_engine):
     return prompts, expected
 
 
+@pytest.mark.slow
 def test_page_budget_smaller_than_load(engine, heavy_load):
     """All requests finish with the outputs they get with enough memory; pages come back."""
     scheduler = engine.scheduler

@@ -61,7 +61,8 @@ def watch_steps(engine, monkeypatch):
     return log
 
 
-@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+# The fast lane keeps B = 4 and 8; B = 2 and 16 run in the full suite.
+@pytest.mark.parametrize("block_size", [pytest.param(b, marks=pytest.mark.slow) if b in (2, 16) else b for b in BLOCK_SIZES])
 def test_greedy_dflash_is_lossless(block_size, dflash_engine, spec_prompts, none_outputs, monkeypatch):
     params, expected, reasons = none_outputs
     engine = dflash_engine(block_size)
@@ -239,7 +240,7 @@ def test_token_map_is_lossless_and_validated(trained_draft_dir, spec_prompts, no
         Engine(**engine_kwargs, speculative_token_map=str(token_map))
 
 
-@pytest.mark.parametrize("drafter, block_size", [("trained", 8), ("random", 4), ("last_layer", 4)])
+@pytest.mark.parametrize("drafter, block_size", [pytest.param("trained", 8, marks=pytest.mark.slow), ("random", 4), ("last_layer", 4)])
 def test_matches_reference_dflash_generate(drafter, block_size, monkeypatch, dflash_engine, spec_target_dir,
                                            random_draft_dir, trained_draft_dir, last_layer_draft_dir,
                                            spec_prompts, engine_kwargs):

@@ -14,6 +14,8 @@ from scipy import stats
 
 from tests.tiny_checkpoints import load_hf_model
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 NUM_SAMPLES = 2048
 VOCAB = 16
 CONFIGS = [

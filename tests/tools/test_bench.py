@@ -12,6 +12,8 @@ from sgl_dflash.tools import bench, datasets
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 
 def test_count_exact_counts_identical_outputs_only():
     assert bench.count_exact([[1, 2], [3], [4, 5]], [[1, 2], [3, 0], [4, 5]]) == 2

@@ -10,6 +10,8 @@ import pytest
 
 from sgl_dflash.tools import datasets
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 
 @pytest.fixture(scope="module")
 def extracted():

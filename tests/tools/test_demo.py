@@ -9,6 +9,8 @@ import pytest
 
 from sgl_dflash.tools import demo
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 
 def test_demo_serves_smollm2_with_the_shipped_drafter_losslessly(tmp_path, capsys):
     out = tmp_path / "demo.json"

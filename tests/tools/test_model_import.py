@@ -11,6 +11,8 @@ import torch
 
 from sgl_dflash.tools import model_import
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 
 @pytest.fixture(scope="module")
 def converted():

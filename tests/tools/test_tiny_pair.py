@@ -1,12 +1,16 @@
-"""The embedded default pair builder (run here with a miniature recipe): tokenizer with chat template,
+"""The tiny pair builder (run here with a miniature recipe): tokenizer with chat template,
 an HF target the Engine serves from text, a drafter that fits it, and a stamp that skips rebuilds."""
 
 import dataclasses
 import json
 
-from sgl_dflash.tools.tiny_pair import SPECIAL_TOKENS, TinyPairSpec, ensure_tiny_pair
+import pytest
+
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.server_args import ServerArgs
+from sgl_dflash.tools.tiny_pair import SPECIAL_TOKENS, TinyPairSpec, ensure_tiny_pair
+
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
 
 MINI = TinyPairSpec(
     topics=("pass", "break"), vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,

@@ -206,6 +206,7 @@ def test_double_commit(dirs, target_head):
     assert_same_state(proposer, 0, fresh, 0)
 
 
+@pytest.mark.slow
 def test_bfloat16_close_to_float32(dirs, target_head):
     rng = np.random.default_rng(4)
     prompt = rows(rng, 12)

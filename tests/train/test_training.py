@@ -14,6 +14,8 @@ import torch
 from sgl_dflash.train import core
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
 BLOCK = 8
 
 
