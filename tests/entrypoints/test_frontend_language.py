@@ -14,8 +14,8 @@ import sglang as sgl
 import torch
 from transformers import AutoTokenizer
 
-from tests.server_harness import launch_cli_server, save_byte_tokenizer
-from tests.tiny_checkpoints import load_hf_model, make_tiny_target
+from tests.server_harness import launch_cli_server, make_byte_target
+from tests.tiny_checkpoints import load_hf_model
 from tests.tiny_draft import make_tiny_draft
 
 pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
@@ -33,10 +33,7 @@ def answer_and_judge(s, question):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    target = make_tiny_target(tmp_path_factory.mktemp("fl_target"), "qwen3", num_hidden_layers=2,
-                              vocab_size=264)
-    save_byte_tokenizer(target)
-    return target
+    return make_byte_target(tmp_path_factory.mktemp("fl_target"))
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import requests
 import torch
 from transformers import AutoTokenizer
 
-from tests.server_harness import launch_cli_server, save_byte_tokenizer
-from tests.tiny_checkpoints import load_hf_model, make_tiny_target
+from tests.server_harness import launch_cli_server, make_byte_target
+from tests.tiny_checkpoints import load_hf_model
 from tests.tiny_draft import make_tiny_draft
 
 pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
@@ -26,9 +26,7 @@ BLOCK = 4
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    target = make_tiny_target(tmp_path_factory.mktemp("oai_target"), "qwen3", num_hidden_layers=2,
-                              vocab_size=264)
-    save_byte_tokenizer(target)
+    target = make_byte_target(tmp_path_factory.mktemp("oai_target"))
     draft = make_tiny_draft(tmp_path_factory.mktemp("oai_draft"), target, block_size=BLOCK)
     return target, str(draft)
 

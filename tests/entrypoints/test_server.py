@@ -20,8 +20,8 @@ import torch
 
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.server_args import ServerArgs
-from tests.server_harness import save_byte_tokenizer, start_in_process, wait_until_idle
-from tests.tiny_checkpoints import load_hf_model, make_tiny_target
+from tests.server_harness import make_byte_target, start_in_process, wait_until_idle
+from tests.tiny_checkpoints import load_hf_model
 
 pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
 
@@ -35,10 +35,7 @@ MAX_NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = make_tiny_target(tmp_path_factory.mktemp("server_target"), "qwen3", num_hidden_layers=2,
-                            vocab_size=264)
-    save_byte_tokenizer(path)
-    return path
+    return make_byte_target(tmp_path_factory.mktemp("server_target"))
 
 
 @pytest.fixture(scope="module")

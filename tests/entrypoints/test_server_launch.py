@@ -11,7 +11,7 @@ import requests
 
 from sgl_dflash import launch_server
 from sgl_dflash.server_args import ServerArgs
-from tests.server_harness import save_byte_tokenizer, start_in_process
+from tests.server_harness import make_byte_target, start_in_process
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft
 
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    target = make_tiny_target(tmp_path_factory.mktemp("launch_target"), "qwen3", num_hidden_layers=2,
-                              vocab_size=264)
-    save_byte_tokenizer(target)
+    target = make_byte_target(tmp_path_factory.mktemp("launch_target"))
     draft = str(make_tiny_draft(tmp_path_factory.mktemp("launch_draft"), target, block_size=4))
     wide = make_tiny_target(tmp_path_factory.mktemp("launch_wide"), "qwen3", num_hidden_layers=2,
                             hidden_size=128, vocab_size=264)

@@ -15,6 +15,7 @@ from jax_backend import (
     SeqInput,
     TargetRunner,
 )
+from tests.jax_backend.allocator_utils import truncate
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
 TOL = 1e-4
@@ -81,14 +82,14 @@ def test_rollback_equals_never_seeing_dropped_tokens(runner, hf):
     runner.forward([SeqInput(prompt, 0, table)])
     runner.forward([SeqInput(block, len(prompt), table, logits="all")])
     kept = prompt + block[:4]
-    assert alloc.truncate("r", len(kept)) == 1  # tokens 24..27 (rejected) had a page alone
+    assert truncate(alloc, "r", len(kept)) == 1  # tokens 24..27 (rejected) had a page alone
     table = alloc.allocate("r", len(kept) + len(nxt))
     out = runner.forward([SeqInput(nxt, len(kept), table, logits="all")])
     ref_logits, ref_aux = _hf_run(hf, kept + nxt)
     np.testing.assert_allclose(out.logits[0], ref_logits[len(kept):], atol=TOL, rtol=0)
     np.testing.assert_allclose(np.asarray(out.aux_hidden[0]), ref_aux[len(kept):], atol=TOL, rtol=0)
     # Roll back further, into an earlier page: the freed page is handed out again, stale.
-    assert alloc.truncate("r", 14) == 2
+    assert truncate(alloc, "r", 14) == 2
     table = alloc.allocate("r", 14 + len(nxt))
     out = runner.forward([SeqInput(nxt, 14, table, logits="all")])
     ref_logits, _ = _hf_run(hf, prompt[:14] + nxt)

@@ -6,17 +6,14 @@ import numpy as np
 import pytest
 
 from sgl_dflash.managers.detokenizer_manager import IncrementalDetokenizer, decode, final_text
-from tests.server_harness import save_byte_tokenizer
+from tests.server_harness import make_byte_target
 
 
 @pytest.fixture(scope="module")
 def byte_tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from tests.tiny_checkpoints import make_tiny_target
-
-    path = make_tiny_target(tmp_path_factory.mktemp("byte_tok"), "qwen3", num_hidden_layers=1, vocab_size=264)
-    save_byte_tokenizer(path)
+    path = make_byte_target(tmp_path_factory.mktemp("byte_tok"))
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
