@@ -7,7 +7,8 @@ The KV pages belong to jax_backend's allocator (`self.allocator`): the scheduler
 frees a request's pages there and hands the worker page tables; logprob scoring (`score`) takes
 pages of its own there for one forward and gives them back.
 
-`server_args` is read by SGLang's field names only (model_path, dtype, page_size, ...).
+Workers take `server_args` untyped and read fields by SGLang's names (model_path, page_size,
+max_total_tokens, ...), so that they import nothing from the modules that create them.
 """
 
 from __future__ import annotations
