@@ -61,18 +61,6 @@ class PageAllocator:
             raise KeyError(f"unknown sequence {seq_id!r}")
         return list(self._tables[seq_id])
 
-    def truncate(self, seq_id: Hashable, total_len: int) -> int:
-        """Keep only the pages needed for `total_len` tokens (e.g. after a rollback); returns the
-        number of pages freed."""
-        table = self._tables.get(seq_id)
-        if table is None:
-            raise KeyError(f"unknown sequence {seq_id!r}")
-        keep = self.pages_for(total_len)
-        freed = table[keep:]
-        del table[keep:]
-        self._free.extend(reversed(freed))
-        return len(freed)
-
     def free(self, seq_id: Hashable) -> int:
         """Return all of `seq_id`'s pages to the pool; unknown ids are a no-op. Returns the number
         of pages freed."""

@@ -11,12 +11,12 @@ from typing import Any
 
 # Public names, imported on first use so that `import sgl_dflash.<submodule>` stays light.
 _EXPORTS = {
-    "Engine": "sgl_dflash.engine",
+    "Engine": "sgl_dflash.entrypoints.engine",
     "ServerArgs": "sgl_dflash.server_args",
     "SamplingParams": "sgl_dflash.sampling_params",
-    "Scheduler": "sgl_dflash.scheduler",
-    "Req": "sgl_dflash.schedule_batch",
-    "SpeculativeAlgorithm": "sgl_dflash.spec_algorithm",
+    "Scheduler": "sgl_dflash.managers.scheduler",
+    "Req": "sgl_dflash.managers.schedule_batch",
+    "SpeculativeAlgorithm": "sgl_dflash.speculative.spec_algorithm",
 }
 __all__ = list(_EXPORTS)
 

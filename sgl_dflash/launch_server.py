@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         level=server_args.log_level.upper(),
         format="[%(asctime)s %(name)s] %(levelname)s %(message)s",
     )
-    from sgl_dflash.server.http_server import launch_server
-    from sgl_dflash.server.tokenizer_manager import TokenizerManager
+    from sgl_dflash.entrypoints.http_server import launch_server
+    from sgl_dflash.managers.tokenizer_manager import TokenizerManager
 
     try:
         server_args.check()

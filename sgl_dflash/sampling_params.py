@@ -5,17 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-
-class InvalidRequestError(ValueError):
-    """A request the runtime refuses before running it (the server answers 400)."""
-
-
-class SamplingParamsError(InvalidRequestError):
-    """An invalid sampling parameter; `field` names it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"sampling_params.{field}: {message}")
-        self.field = field
+from sgl_dflash.errors import SamplingParamsError
 
 
 @dataclasses.dataclass

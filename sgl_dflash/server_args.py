@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from typing import Any
 
-
-class ServerArgsError(ValueError):
-    """An invalid argument or combination of arguments; the message names the flag."""
+from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.model_config import read_model_config
+from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm
 
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -70,8 +69,6 @@ class ServerArgs:
     # -- validation -----------------------------------------------------------------------
     def check(self) -> "ServerArgs":
         """Refuse invalid values and combinations; fills `context_length` and algorithm defaults."""
-        from sgl_dflash.spec_algorithm import SpeculativeAlgorithm
-
         target = self.target_config()
         if self.tokenizer_path is not None and not os.path.isdir(self.tokenizer_path):
             raise ServerArgsError(f"--tokenizer-path {self.tokenizer_path!r} is not a directory")
@@ -164,41 +161,7 @@ class ServerArgs:
         return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
-def read_model_config(model_dir: str | None, flag: str) -> dict[str, Any]:
-    """config.json of a model directory, with an error naming the flag when it is missing."""
-    if not model_dir:
-        raise ServerArgsError(f"{flag} is required")
-    path = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(path):
-        raise ServerArgsError(f"{flag} {model_dir!r}: no config.json there")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ServerArgsError(f"{flag} {model_dir!r}: config.json is not valid JSON ({e})") from None
-
-
 def _require_int(value: Any, flag: str, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ServerArgsError(f"{flag} must be an integer >= {minimum}, got {value!r}")
 
-
-def read_token_map(path: str, vocab_size: int) -> list[int]:
-    """The token ids of a --speculative-token-map file (a JSON list), checked against the vocabulary."""
-    flag = "--speculative-token-map"
-    if not os.path.isfile(path):
-        raise ServerArgsError(f"{flag} {path!r}: no such file")
-    try:
-        with open(path) as f:
-            ids = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ServerArgsError(f"{flag} {path!r}: not a JSON list of token ids ({e})") from None
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ServerArgsError(f"{flag} {path!r}: expected a non-empty JSON list of integer token ids")
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad or len(set(ids)) != len(ids):
-        raise ServerArgsError(
-            f"{flag} {path!r}: token ids must be distinct and in [0, {vocab_size})"
-            + (f"; got {bad[:5]}" if bad else "; got duplicates")
-        )
-    return ids

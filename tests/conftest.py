@@ -21,7 +21,7 @@ def tokenizer_model_dir(tmp_path_factory):
     """A tiny Qwen3 target saved together with a small BPE tokenizer (vocabulary = the model's)."""
     from pydoc_data.topics import topics
 
-    from sgl_dflash.default_model import train_tokenizer
+    from sgl_dflash.tools.tiny_pair import train_tokenizer
 
     path = tmp_path_factory.mktemp("qwen3_with_tokenizer")
     texts = [topics[key] for key in sorted(topics)[:20]]
@@ -91,7 +91,7 @@ def spec_prompts():
 
 @pytest.fixture(scope="session")
 def none_engine(engine_kwargs):
-    from sgl_dflash.engine import Engine
+    from sgl_dflash.entrypoints.engine import Engine
 
     return Engine(**engine_kwargs)
 
@@ -115,7 +115,7 @@ def trained_draft_dir(tmp_path_factory, spec_target_dir, none_engine):
 @pytest.fixture(scope="session")
 def dflash_engine(engine_kwargs, trained_draft_dir):
     """DFLASH engines with the trained drafter, one per block size, built on first use."""
-    from sgl_dflash.engine import Engine
+    from sgl_dflash.entrypoints.engine import Engine
 
     engines = {}
 

@@ -58,6 +58,15 @@ def save_byte_tokenizer(model_dir: str | os.PathLike) -> None:
         gen_path.write_text(json.dumps(gen, indent=2))
 
 
+def make_byte_target(path: str | os.PathLike) -> str:
+    """A tiny random Qwen3 target whose vocabulary is the byte tokenizer's, saved with it."""
+    from tests.tiny_checkpoints import make_tiny_target
+
+    target = make_tiny_target(path, "qwen3", num_hidden_layers=2, vocab_size=TOKENIZER_VOCAB_SIZE)
+    save_byte_tokenizer(target)
+    return target
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map, the alphabet of ByteLevel pre-tokenization."""
     printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
@@ -80,8 +89,8 @@ class InProcessServer:
 
 def start_in_process(server_args: Any, timeout: float = 300.0) -> InProcessServer:
     """Load the model and serve it with uvicorn in a daemon thread on a free loopback port."""
-    from sgl_dflash.server.http_server import create_app
-    from sgl_dflash.server.tokenizer_manager import TokenizerManager
+    from sgl_dflash.entrypoints.http_server import create_app
+    from sgl_dflash.managers.tokenizer_manager import TokenizerManager
 
     tm = TokenizerManager(server_args)
     config = uvicorn.Config(create_app(tm), host="127.0.0.1", port=0, log_level="warning")

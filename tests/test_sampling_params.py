@@ -4,8 +4,10 @@ import argparse
 
 import pytest
 
-from sgl_dflash.sampling_params import InvalidRequestError, SamplingParams, SamplingParamsError
-from sgl_dflash.server_args import ServerArgs, ServerArgsError
+from sgl_dflash.errors import InvalidRequestError, SamplingParamsError
+from sgl_dflash.sampling_params import SamplingParams
+from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.server_args import ServerArgs
 
 
 def test_defaults_match_sglang():

@@ -1,6 +1,6 @@
 """DFlash 2's draft step lowered to JAX: the drafter pass of `draft_block`, then the selector's path.
 
-`draft_path` is jitted by `JittedDrafter` (as `.draft_path`) for DFlash 2 configs. The selector's
+`draft_path` is jitted by `jitted.JittedDrafter` (as `.draft_path`) for DFlash 2 configs. The selector's
 walk over the B-1 draft positions is a Python loop over a shape, so it unrolls into one fixed
 program: no data-dependent loop, nothing read back to the host inside the step.
 

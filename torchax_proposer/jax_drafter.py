@@ -12,7 +12,6 @@ programs.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -22,8 +21,6 @@ import torch
 import torchax
 from torchax.interop import jax_view, torch_view
 
-from .config import DFlashConfig
-from .dflash2 import build_draft_model
 from .model import DFlashDraftModel
 
 Params = dict[str, jax.Array]
@@ -168,56 +165,6 @@ def draft_hidden(
     k_cache = [_write_rows(c, slots, cache_lens, new_lens, k) for c, (k, _) in zip(k_cache, new_kv)]
     v_cache = [_write_rows(c, slots, cache_lens, new_lens, v) for c, (_, v) in zip(v_cache, new_kv)]
     return hidden, k_cache, v_cache
-
-
-class JittedDrafter:
-    """`draft_block` and `extend_cache` jitted for one drafter structure and block size.
-
-    Built around a weightless (meta-device) module: every weight comes in through the params
-    pytree, so one instance serves every proposer whose drafter has the same config (see
-    `jitted_drafter`), and compiled programs are shared between them.
-    """
-
-    def __init__(self, config: DFlashConfig, block_size: int):
-        with torch.device("meta"):
-            skeleton = build_draft_model(config)
-        self.num_traces = 0
-        self.draft = jax.jit(
-            self._counted(functools.partial(draft_block, skeleton, block_size)),
-            static_argnames=("read_len",),
-            donate_argnames=("k_cache", "v_cache"),
-        )
-        if config.is_dflash2:  # the selector's path instead of the argmax (imported here: it imports us)
-            from .dflash2_jax import draft_path
-
-            self.draft_path = jax.jit(
-                self._counted(functools.partial(draft_path, skeleton, block_size)),
-                static_argnames=("read_len",),
-                donate_argnames=("k_cache", "v_cache"),
-            )
-        self.extend = jax.jit(
-            self._counted(functools.partial(extend_cache, skeleton)), donate_argnames=("k_cache", "v_cache")
-        )
-        self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows", "dtype"))
-
-    def _counted(self, fn):
-        # Runs only while jax traces, i.e. once per new input signature = once per compilation.
-        @functools.wraps(fn)
-        def traced(*args, **kwargs):
-            self.num_traces += 1
-            return fn(*args, **kwargs)
-
-        return traced
-
-
-@functools.lru_cache(maxsize=16)
-def jitted_drafter(config: DFlashConfig, block_size: int) -> JittedDrafter:
-    """The shared `JittedDrafter` for a drafter config (DFlashConfig compares structure only)."""
-    return JittedDrafter(config, block_size)
-
-
-def _pad_rows(rows: jax.Array, *, num_rows: int, dtype) -> jax.Array:
-    return jnp.zeros((num_rows, rows.shape[1]), dtype).at[: rows.shape[0]].set(rows.astype(dtype))
 
 
 def next_power_of_two(n: int) -> int:

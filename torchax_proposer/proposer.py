@@ -27,10 +27,10 @@ from .jax_drafter import (
     JAX_DTYPES,
     as_numpy,
     init_draft_cache,
-    jitted_drafter,
     model_params,
     next_power_of_two,
 )
+from .jitted import jitted_drafter
 from .loader import load_draft_model, torch_dtype
 
 

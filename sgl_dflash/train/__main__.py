@@ -83,11 +83,11 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--selector-alpha", type=float, default=1.0)
     args = parser.parse_args(argv)
 
-    from sgl_dflash import model_import
+    from sgl_dflash.tools import model_import
 
     args.target = args.target or model_import.ensure_default_model()
     if args.command == "regenerate":
-        from sgl_dflash import datasets
+        from sgl_dflash.tools import datasets
         from sgl_dflash.train import regenerate
 
         prompts = regenerate.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)

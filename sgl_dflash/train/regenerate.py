@@ -54,7 +54,7 @@ def sampling_name(temperature: float, top_p: float) -> str:
 
 
 def _engine(target_dir, batch_size: int, max_len: int, seed: int):
-    from sgl_dflash.engine import Engine
+    from sgl_dflash.entrypoints.engine import Engine
 
     return Engine(model_path=str(target_dir), skip_tokenizer_init=True, max_running_requests=batch_size,
                   context_length=max_len, max_total_tokens=batch_size * max_len, random_seed=seed)

@@ -29,11 +29,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-import torch.utils.checkpoint
 from tqdm import tqdm
 
 from sgl_dflash.train import core
+from sgl_dflash.train.batches import device_batch, length_batches, make_blocks, split_holdout, to_train_sequence
+from sgl_dflash.train.objective import FeatureTarget, autocast, block_loss, evaluate
 from sgl_dflash.train.responses import Response, ResponseSet
 from torchax_proposer import default_target_layer_ids
 
@@ -66,283 +66,6 @@ class TrainConfig:
     selector_alpha: float = 1.0  # weight of DFlash 2's selector loss next to the block loss
     save_every_s: float = 300.0
     seed: int = 0
-
-
-# ------------------------------------------------------------------------------------------------
-# Sequences
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainSequence:
-    id: str
-    tokens: np.ndarray  # int64 prompt + (trimmed) response
-    response_start: int
-    greedy: bool
-
-
-def loop_start(tokens: np.ndarray, *, tail: int = 120, max_period: int = 40) -> tuple[int, int] | None:
-    """(start, period) of a verbatim loop that ends `tokens`: the last `tail` tokens repeat with a
-    period <= `max_period`, and tokens[start:] is periodic. None when the end is not a loop."""
-    n = len(tokens)
-    if n < tail:
-        return None
-    window = tokens[n - tail:]
-    for period in range(1, max_period + 1):
-        if np.array_equal(window[period:], window[:-period]):
-            start = n - tail
-            while start > 0 and tokens[start - 1] == tokens[start - 1 + period]:
-                start -= 1
-            return start, period
-    return None
-
-
-def to_train_sequence(row: Response, *, trim_loops: bool, max_seq_len: int) -> TrainSequence:
-    output = row.output_ids
-    if trim_loops:
-        found = loop_start(output)
-        if found is not None:
-            start, period = found
-            output = output[: start + 3 * period]
-    tokens = np.concatenate([row.prompt_ids, output])[:max_seq_len]
-    return TrainSequence(row.id, tokens.astype(np.int64), len(row.prompt_ids), row.greedy)
-
-
-def split_holdout(rows: Sequence[Response], holdout: int) -> tuple[list[Response], list[Response]]:
-    """(train, held out): the held-out rows are greedy rows picked by a hash of their id, so the
-    split does not move when shards are added."""
-    import hashlib
-
-    def key(row: Response) -> str:
-        return hashlib.sha1(row.id.encode()).hexdigest()
-
-    greedy = sorted((r for r in rows if r.greedy), key=key)
-    held = {r.id for r in greedy[:holdout]}
-    # Other responses to a held-out prompt (sampled ones) stay out of training too.
-    return [r for r in rows if r.id not in held], greedy[:holdout]
-
-
-def length_batches(seqs: Sequence[TrainSequence], tokens_per_batch: int, rng: np.random.Generator) -> list[list[int]]:
-    """Batches of sequence indices with similar lengths (little padding), in random order."""
-    order = rng.permutation(len(seqs))
-    # Sort within large windows: batches of similar length, still a fresh mix every epoch.
-    window = 4096
-    order = np.concatenate([sorted(order[i : i + window], key=lambda j: len(seqs[j].tokens))
-                            for i in range(0, len(order), window)]) if len(order) else order
-    batches, current, width = [], [], 0
-    for j in order:
-        n = len(seqs[j].tokens)
-        if current and max(width, n) * (len(current) + 1) > tokens_per_batch:
-            batches.append(current)
-            current, width = [], 0
-        current.append(int(j))
-        width = max(width, n)
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
-# ------------------------------------------------------------------------------------------------
-# The frozen target: features and greedy labels in one prefill
-# ------------------------------------------------------------------------------------------------
-
-
-class FeatureTarget:
-    """The frozen target on `device`: `(features [b, S, n*H], greedy next ids [b, S])` per batch."""
-
-    def __init__(self, target_dir: str | os.PathLike, layer_ids: Sequence[int], device: torch.device):
-        self.model = core.load_frozen_target(target_dir).to(device)
-        self.layer_ids = list(layer_ids)
-        self.device = device
-        embed, head = core.target_embed_and_head(self.model)
-        self.embed, self.lm_head = embed, head
-
-    @torch.no_grad()
-    def __call__(self, tokens: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-        # Right padding needs no attention mask: causal attention never lets a real token see a pad.
-        out = self.model.model(input_ids=tokens, output_hidden_states=True, use_cache=False)
-        features = torch.cat([out.hidden_states[l + 1] for l in self.layer_ids], dim=-1)
-        last = out.last_hidden_state.flatten(0, 1)
-        next_ids = torch.cat([(last[i : i + chunk] @ self.lm_head.T).argmax(-1) for i in range(0, len(last), chunk)])
-        return features, next_ids.view(tokens.shape)
-
-
-# ------------------------------------------------------------------------------------------------
-# Blocks, labels and the loss
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Blocks:
-    tokens: torch.Tensor  # int64 [b, S]
-    features: torch.Tensor  # [b, S, n*H]
-    anchors: torch.Tensor  # int64 [b, nb]
-    labels: torch.Tensor  # int64 [b, nb, B-1]: the target's greedy token at anchor+k
-    label_mask: torch.Tensor  # float [b, nb, B-1]
-
-
-def make_blocks(seqs: Sequence[TrainSequence], tokens: torch.Tensor, features: torch.Tensor, next_ids: torch.Tensor,
-                *, block_size: int, max_anchors: int, rng: np.random.Generator | None,
-                full_blocks_only: bool = False) -> Blocks | None:
-    """Anchors in every response (a random subset of `max_anchors` when there are more; all of
-    them in order when `rng` is None) and their labels. `full_blocks_only` keeps anchors whose
-    B-1 labels all lie inside the response (evaluation)."""
-    device = tokens.device
-    per_seq = []
-    for s in seqs:
-        end = len(s.tokens) - (block_size - 1 if full_blocks_only else 1)
-        cand = np.arange(s.response_start, max(s.response_start, end))
-        if len(cand) > max_anchors:
-            cand = np.sort(rng.choice(cand, size=max_anchors, replace=False)) if rng is not None else cand[:max_anchors]
-        per_seq.append(cand)
-    nb = max(len(a) for a in per_seq)
-    if nb == 0:
-        return None
-    anchors = np.zeros((len(seqs), nb), dtype=np.int64)
-    valid = np.zeros((len(seqs), nb), dtype=bool)
-    lengths = np.array([len(s.tokens) for s in seqs])
-    for i, a in enumerate(per_seq):
-        anchors[i, : len(a)] = a
-        anchors[i, len(a):] = a[0] if len(a) else 0
-        valid[i, : len(a)] = True
-    anchors_t = torch.as_tensor(anchors, device=device)
-    width = tokens.shape[1]
-    offsets = torch.arange(1, block_size, device=device)
-    pos = anchors_t[:, :, None] + offsets  # [b, nb, B-1]: positions of the labelled tokens
-    in_range = pos < torch.as_tensor(lengths, device=device)[:, None, None]
-    pos_c = pos.clamp(max=width - 1)
-    gather = lambda x: torch.gather(x[:, None, :].expand(-1, nb, -1), 2, pos_c)  # noqa: E731
-    labels = gather(next_ids.roll(1, dims=1))  # the target's greedy token AT pos (predicted at pos-1)
-    text = gather(tokens)
-    # Offset k is supervised while the text agrees with the target at offsets 1..k-1.
-    agree = torch.cumprod(torch.cat([torch.ones_like(text[:, :, :1]), (text == labels)[:, :, :-1].long()], -1), -1)
-    mask = in_range & (agree > 0) & torch.as_tensor(valid, device=device)[:, :, None]
-    return Blocks(tokens, features, anchors_t, labels, mask.float())
-
-
-def draft_hidden(model: torch.nn.Module, embed: torch.Tensor, blocks: Blocks, block_size: int) -> torch.Tensor:
-    """Drafter outputs `[b, nb, B, H]` for every block; each block sees its own context prefix."""
-    b, nb = blocks.anchors.shape
-    width = blocks.tokens.shape[1]
-    device = blocks.tokens.device
-    block_ids = torch.full((b, nb, block_size), model.mask_token_id, dtype=torch.int64, device=device)
-    block_ids[:, :, 0] = torch.gather(blocks.tokens, 1, blocks.anchors)
-    noise = model.embed_block(block_ids.view(b, nb * block_size), embed)
-    block_pos = (blocks.anchors[:, :, None] + torch.arange(block_size, device=device)).view(b, nb * block_size)
-    hidden, _ = model(context_features=blocks.features.to(noise.dtype),
-                      context_positions=torch.arange(width, device=device)[None].expand(b, -1),
-                      noise_embedding=noise, block_positions=block_pos,
-                      attention_mask=core.block_attention_mask(width, blocks.anchors, block_size),
-                      block_len=block_size)  # DFlash 2's convolutions stay inside each block
-    return hidden.view(b, nb, block_size, -1)
-
-
-def _ce_chunk(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-              predecessors: torch.Tensor, model: torch.nn.Module, alpha: float) -> torch.Tensor:
-    """Weighted CE sum of a chunk of rows (+ alpha x DFlash 2's weighted selector CE sum)."""
-    logits = model.compute_logits(hidden, lm_head).float()
-    total = (F.cross_entropy(logits, labels, reduction="none") * weights).sum()
-    if getattr(model, "candidate_selector", None) is not None:
-        from torchax_proposer.selector_loss import selector_loss
-
-        mean, _ = selector_loss(model.candidate_selector, hidden, logits, predecessors, labels, weights, alpha=alpha)
-        total = total + mean * weights.sum()
-    return total
-
-
-def block_loss(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, blocks: Blocks,
-               position_weights: torch.Tensor, *, block_size: int, chunk: int = 8192,
-               selector_alpha: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """Decay-weighted CE of the supervised block rows over the full vocabulary (chunked and
-    recomputed in backward, so the [rows, V] logits never all live at once); for a DFlash 2
-    drafter plus its selector's K-way CE, teacher-forced (each position's predecessor is the
-    gold token before it, the anchor for the first)."""
-    from torchax_proposer.selector_loss import teacher_forced_predecessors
-
-    hidden = draft_hidden(model, embed, blocks, block_size)[:, :, 1:]  # [b, nb, B-1, H]
-    w = blocks.label_mask * position_weights.to(blocks.label_mask.device)[None, None, :]
-    keep = blocks.label_mask.flatten() > 0
-    anchor_ids = torch.gather(blocks.tokens, 1, blocks.anchors)
-    predecessors = teacher_forced_predecessors(anchor_ids, blocks.labels).flatten()[keep]
-    rows, labels, weights = hidden.flatten(0, 2)[keep], blocks.labels.flatten()[keep], w.flatten()[keep]
-    total = torch.zeros((), device=rows.device)
-    for i in range(0, len(rows), chunk):
-        part = (rows[i : i + chunk], lm_head, labels[i : i + chunk], weights[i : i + chunk],
-                predecessors[i : i + chunk], model, selector_alpha)
-        if torch.is_grad_enabled():
-            total = total + torch.utils.checkpoint.checkpoint(_ce_chunk, *part, use_reentrant=False,
-                                                                preserve_rng_state=False)
-        else:
-            total = total + _ce_chunk(*part)
-    loss = total / weights.sum().clamp_min(1e-6)
-    return loss, {"loss": float(loss.detach()), "rows": int(keep.sum())}
-
-
-@torch.no_grad()
-def acceptance(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, blocks: Blocks,
-               block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced greedy acceptance per block: (accepted drafts [blocks], correct [blocks, B-1])
-    over full blocks (the drafter sees the true committed prefix: exactly greedy spec decoding)."""
-    hidden = draft_hidden(model, embed, blocks, block_size)[:, :, 1:].flatten(0, 1)  # [blocks, B-1, H]
-    if getattr(model, "candidate_selector", None) is not None:  # DFlash 2 drafts the selector's path
-        anchor_ids = torch.gather(blocks.tokens, 1, blocks.anchors).flatten()
-        drafts = torch.cat([model.propose(h, a, lm_head)[0] for h, a in zip(hidden.split(256), anchor_ids.split(256))])
-    else:
-        drafts = torch.cat([model.compute_logits(h, lm_head).argmax(-1) for h in hidden.split(256)])
-    drafts = drafts.view(blocks.labels.shape)
-    correct = (drafts == blocks.labels) & (blocks.label_mask > 0)
-    full = blocks.label_mask.sum(-1) == block_size - 1
-    accepted = torch.cumprod(correct.long(), -1).sum(-1)
-    return accepted[full], correct[full]
-
-
-# ------------------------------------------------------------------------------------------------
-# The training run
-# ------------------------------------------------------------------------------------------------
-
-
-def _device_batch(seqs: Sequence[TrainSequence], device: torch.device) -> torch.Tensor:
-    width = max(len(s.tokens) for s in seqs)
-    tokens = np.zeros((len(seqs), width), dtype=np.int64)
-    for i, s in enumerate(seqs):
-        tokens[i, : len(s.tokens)] = s.tokens
-    return torch.as_tensor(tokens, device=device)
-
-
-def evaluate(model, target: FeatureTarget, seqs: Sequence[TrainSequence], block_size: int, *,
-             max_anchors: int = 512, batch: int = 8) -> dict:
-    """Held-out teacher-forced tau (1 + accepted drafts per full block) and per-position acceptance."""
-    was_training = model.training
-    model.eval()
-    accepted, correct = [], []
-    for i in range(0, len(seqs), batch):
-        part = seqs[i : i + batch]
-        tokens = _device_batch(part, target.device)
-        features, next_ids = target(tokens)
-        blocks = make_blocks(part, tokens, features, next_ids, block_size=block_size, max_anchors=max_anchors,
-                             rng=None, full_blocks_only=True)
-        if blocks is None:
-            continue
-        with _autocast(target.device):
-            a, c = acceptance(model, target.embed, target.lm_head, blocks, block_size)
-        accepted.append(a.cpu())
-        correct.append(c.cpu())
-    model.train(was_training)
-    if not accepted:
-        return {}
-    a, c = torch.cat(accepted).float(), torch.cat(correct).float()
-    # Acceptance rate at offset k: P(drafts 1..k all correct).
-    lead = torch.cumprod(c, -1).mean(0)
-    return {"block_size": block_size, "tau": round(float(1 + a.mean()), 4), "blocks": int(len(a)),
-            "sequences": len(seqs), "accept_rate_per_position": [round(float(x), 4) for x in lead],
-            "accuracy_per_position": [round(float(x), 4) for x in c.mean(0)]}
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
 
 
 def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response], out_dir: str | os.PathLike,
@@ -426,7 +149,7 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
             state["batch_in_epoch"] = 0
             batches = length_batches(seqs, cfg.tokens_per_batch, rng_epoch(state["epoch"]))
         part = [seqs[j] for j in batches[state["batch_in_epoch"]]]
-        tokens = _device_batch(part, device)
+        tokens = device_batch(part, device)
         features, next_ids = target(tokens)
         # Randomness is a function of (seed, step) alone: a resumed run draws what an uninterrupted one would.
         if cfg.feature_noise:
@@ -439,7 +162,7 @@ def train(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
         if blocks is None:
             continue
         lr = core.lr_at(state["step"], state["total_steps"], cfg.lr)
-        with _autocast(device):
+        with autocast(device):
             loss, stats = block_loss(model, target.embed, target.lm_head, blocks, weights, block_size=cfg.block_size,
                                      selector_alpha=cfg.selector_alpha)
         grad_norm = core.optimizer_step(model, optimizer, loss, lr, cfg.grad_clip)

@@ -1,0 +1,1 @@
+"""Front doors: the offline Engine, the HTTP server (SGLang native + OpenAI APIs)."""

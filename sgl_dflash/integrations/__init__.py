@@ -1,0 +1,1 @@
+"""Entry points other frameworks call (the SGLang plugin)."""

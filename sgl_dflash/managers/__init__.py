@@ -1,0 +1,1 @@
+"""Scheduling and request bookkeeping: tokenizer manager, scheduler, requests and batches, detokenizer."""

@@ -1,0 +1,1 @@
+"""The target model behind the worker interface (jax_backend underneath)."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: the algorithm registry and the DFLASH worker."""

@@ -1,0 +1,231 @@
+"""The DFLASH worker: block-diffusion speculative decoding over the JAX target.
+
+It composes a target worker (the JAX target runner and its sampling) and a proposer (the torchax
+drafter). Per decode step, for the whole batch at once (`forward_decode` reads top to bottom):
+  1. draft   — the drafter fills the block [bonus, MASK x (B-1)] at positions L .. L+B-1 of every
+               request in one forward (B-1 drafts each);
+  2. verify  — ONE ragged target forward over all B-token blocks, returning logits and the aux
+               hidden states of the drafter's target layers;
+  3. accept  — greedy prefix match, or rejection sampling for temperature > 0 (draft and target
+               probabilities through the same temperature / top-p / top-k transform);
+  4. commit  — the drafter receives the aux rows of exactly the a + 1 committed tokens; the step
+               returns those tokens (a drafts + the new bonus) per request, and the scheduler
+               moves the committed length to L + a + 1 (rejected K/V slots are simply overwritten
+               later); its stop rules may cut the tokens, which finishes the request.
+L (the batch's `prefix_lens`) counts only verified tokens: neither the target KV nor the drafter
+ever counts an unverified draft.
+
+Context features are z-lab's `hidden_states[l + 1]` for each target layer l: the layer's output,
+except for the LAST layer, where transformers (and so z-lab's drafters and our trainer) report it
+after the final norm (`TargetRunner.hidden_state_features`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_backend import SeqInput, sampling
+from jax_backend.batch import bucket
+from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.model_config import read_model_config, target_dims
+from sgl_dflash.model_executor.forward_batch_info import (
+    ForwardMode,
+    GenerationBatchResult,
+    ModelWorkerBatch,
+    SamplingBatchInfo,
+    TokenScores,
+)
+from sgl_dflash.model_executor.target_worker import TargetWorker
+
+
+def validate_dflash_server_args(server_args, algorithm: str = "DFLASH") -> None:
+    """Refuse a drafter that does not fit the target or the block size; default the block size.
+    Reads only SGLang's field names, so SGLang's ServerArgs passes too (the plugin's check)."""
+    from torchax_proposer import DraftCheckpointError, read_draft_config
+
+    path = getattr(server_args, "speculative_draft_model_path", None)
+    if not path:
+        raise ServerArgsError(f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path")
+    target = target_dims(server_args.model_path)
+    read_model_config(path, "--speculative-draft-model-path")
+    try:
+        draft = read_draft_config(path, target)
+    except DraftCheckpointError as e:
+        raise ServerArgsError(f"--speculative-draft-model-path {path!r} does not fit the target: {e}") from e
+    if server_args.speculative_num_draft_tokens is None:
+        server_args.speculative_num_draft_tokens = draft.block_size
+    block = server_args.speculative_num_draft_tokens
+    if isinstance(block, bool) or not isinstance(block, int) or not 2 <= block <= draft.block_size:
+        raise ServerArgsError(
+            f"--speculative-num-draft-tokens must be an integer in [2, {draft.block_size}] (the "
+            f"drafter's block_size), got {block!r}"
+        )
+    if getattr(server_args, "speculative_token_map", None) is not None:
+        read_token_map(server_args.speculative_token_map, draft.vocab_size)
+
+
+def read_token_map(path: str, vocab_size: int) -> list[int]:
+    """The token ids of a --speculative-token-map file (a JSON list), checked against the vocabulary."""
+    flag = "--speculative-token-map"
+    if not os.path.isfile(path):
+        raise ServerArgsError(f"{flag} {path!r}: no such file")
+    try:
+        with open(path) as f:
+            ids = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerArgsError(f"{flag} {path!r}: not a JSON list of token ids ({e})") from None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ServerArgsError(f"{flag} {path!r}: expected a non-empty JSON list of integer token ids")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad or len(set(ids)) != len(ids):
+        raise ServerArgsError(
+            f"{flag} {path!r}: token ids must be distinct and in [0, {vocab_size})"
+            + (f"; got {bad[:5]}" if bad else "; got duplicates")
+        )
+    return ids
+
+
+class DFlashWorker:
+    def __init__(self, server_args: Any):
+        from torchax_proposer import DFlashProposer, read_draft_config
+
+        target_config = target_dims(server_args.model_path)
+        draft_config = read_draft_config(server_args.speculative_draft_model_path, target_config)
+        self.block_size = server_args.speculative_num_draft_tokens or draft_config.block_size
+        self.tokens_per_step = self.block_size  # a verify block writes B KV slots
+        self.target_worker = TargetWorker(
+            server_args, aux_layer_ids=draft_config.target_layer_ids, tokens_per_step=self.block_size
+        )
+        self.runner = self.target_worker.runner
+        self.allocator = self.target_worker.allocator
+        self.vocab_size = self.target_worker.vocab_size
+        self.proposer = DFlashProposer(
+            server_args.speculative_draft_model_path,
+            target_embed=self.runner.embed,
+            target_lm_head=self.runner.lm_head,
+            target_config=target_config,
+            max_num_seqs=server_args.max_running_requests,
+            max_context_len=server_args.context_length + self.block_size,
+            block_size=self.block_size,
+            dtype=server_args.resolved_dtype,
+            token_map=(None if server_args.speculative_token_map is None
+                       else read_token_map(server_args.speculative_token_map, draft_config.vocab_size)),
+        )
+        self.drafting: set[int] = set()  # slots with drafter state
+        self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks
+
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        if batch.forward_mode is ForwardMode.EXTEND:
+            return self.forward_extend(batch)
+        return self.forward_decode(batch)
+
+    def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        """Target prefill (first token = the first bonus) and the drafter's context features."""
+        result, out = self.target_worker.forward_extend(batch)
+        for slot, features in zip(batch.slots, out.aux_hidden):
+            self._release_drafter(slot)  # only set when a failed batch is being retried
+            self.proposer.add(slot, self.runner.hidden_state_features(features))
+            self.drafting.add(slot)
+        result.num_draft_tokens = self.block_size - 1
+        return result
+
+    def forward_decode(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        B, n = self.block_size, len(batch.slots)
+        slots = batch.slots
+        bonus = [ids[0] for ids in batch.input_ids]  # each request's pending token
+        greedy = batch.sampling_info.is_all_greedy
+        t0 = time.perf_counter()
+
+        # 1. Draft: B-1 tokens per request from one drafter forward over all blocks.
+        if greedy:
+            drafts = self.proposer.propose(slots, bonus)
+        else:
+            drafts, draft_logits = self.proposer.propose(slots, bonus, return_logits=True)
+            draft_probs, drafts = self._sample_drafts(np.asarray(draft_logits), batch.sampling_info)
+        drafts = np.asarray(drafts, np.int32)
+        t1 = time.perf_counter()
+
+        # 2. Verify: one target forward over every [bonus, drafts...] block at positions L.. .
+        out = self.runner.forward([
+            SeqInput([bonus[i], *drafts[i]], batch.prefix_lens[i], batch.page_tables[i], "all")
+            for i in range(n)
+        ])
+        t2 = time.perf_counter()
+
+        # 3. Accept: a[i] drafts pass, then one token from the target (the new bonus).
+        rows = bucket(n)
+        padded_drafts = np.zeros((rows, B - 1), np.int32)
+        padded_drafts[:n] = drafts
+        target_logits = np.zeros((rows, B, self.vocab_size), np.float32)
+        target_logits[:n] = np.stack(out.logits)
+        if greedy:
+            accepted, new_bonus = sampling.greedy_accept(padded_drafts, target_logits)
+        else:
+            # Greedy rows ride along exactly: temperature 0 gives one-hot p and q, and rejection
+            # sampling with one-hot distributions is the greedy prefix match.
+            temperature, top_p, top_k = batch.sampling_info.padded(rows * B, repeat=B)
+            target_probs = sampling.probs(target_logits.reshape(rows * B, -1), temperature, top_p, top_k)
+            accepted, new_bonus = sampling.rejection_accept(
+                padded_drafts, draft_probs, target_probs.reshape(rows, B, -1), self.target_worker.next_key()
+            )
+        accepted, new_bonus = np.asarray(accepted)[:n], np.asarray(new_bonus)[:n]
+        t3 = time.perf_counter()
+
+        # 4. Commit: the drafter gets the aux rows of exactly the a+1 committed tokens (the old
+        # bonus and the accepted drafts). Row i's new tokens: its a accepted drafts, then the bonus.
+        self.proposer.commit(slots, [int(a) for a in accepted], [
+            self.runner.hidden_state_features(out.aux_hidden[i])[: a + 1] for i, a in enumerate(accepted)
+        ])
+        tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
+        tokens[np.arange(n), accepted] = new_bonus
+        t4 = time.perf_counter()
+        for phase, seconds in (("draft", t1 - t0), ("verify", t2 - t1), ("accept", t3 - t2), ("commit", t4 - t3)):
+            self.timings[phase] += seconds
+        self.timings["steps"] += 1
+        return GenerationBatchResult(tokens, accepted.astype(np.int32) + 1, accept_lens=accepted,
+                                     num_draft_tokens=B - 1)
+
+    def _sample_drafts(self, draft_logits: np.ndarray, sampling_info: SamplingBatchInfo) -> tuple[jax.Array, np.ndarray]:
+        """Draft tokens ~ q, with q the same transform of the draft logits as the target's p.
+
+        Returns q [rows, B-1, V] (bucketed rows) and the drafts [n, B-1]."""
+        n, gamma, vocab = draft_logits.shape
+        rows = bucket(n)
+        padded = np.zeros((rows * gamma, vocab), np.float32)
+        padded[: n * gamma] = draft_logits.reshape(n * gamma, vocab)
+        temperature, top_p, top_k = sampling_info.padded(rows * gamma, repeat=gamma)
+        q = sampling.probs(padded, temperature, top_p, top_k)
+        sampled = np.asarray(_draw(q, self.target_worker.next_key())).reshape(rows, gamma)[:n]
+        return q.reshape(rows, gamma, vocab), sampled
+
+    def release(self, slot: int) -> None:
+        self.target_worker.release(slot)
+        self._release_drafter(slot)
+
+    def _release_drafter(self, slot: int) -> None:
+        if slot in self.drafting:
+            self.proposer.release(slot)
+            self.drafting.discard(slot)
+
+    def score(self, token_ids: list[int], top_k: int) -> TokenScores | None:
+        return self.target_worker.score(token_ids, top_k)
+
+    def committed_len(self, slot: int) -> int:
+        """The drafter's committed length of a sequence (equals the target's: invariant checks)."""
+        return self.proposer.committed_len(slot)
+
+    def num_compilations(self) -> int:
+        return self.target_worker.num_compilations() + self.proposer.num_compilations()
+
+
+@jax.jit
+def _draw(probs: jax.Array, key: jax.Array) -> jax.Array:
+    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

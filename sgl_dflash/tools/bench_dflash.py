@@ -1,0 +1,148 @@
+"""Benchmark: DFLASH vs NONE tokens/s in the same run, tau, and where a DFLASH step's time goes.
+
+    python -m sgl_dflash.tools.bench_dflash [--block-sizes 4 8 16] [--batch-sizes 1 4] [--max-new-tokens 128]
+                                      [--out bench_results/bench_dflash.json]
+
+Runs on the small generated pair (built on first use; see sgl_dflash.tools.tiny_pair), or on
+--model-path / --draft-path. Greedy decoding of chat prompts. Every configuration runs once to warm
+up (JAX compiles) and once timed. A DFLASH decode step (one scheduler.step()) is split into draft
+(drafter forward), verify (one target forward over all blocks), accept (acceptance on logits),
+commit (drafter state update) and host overhead: the rest of the step's wall time (scheduling,
+page allocation, batching, applying the result: stop rules). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.model_executor.forward_batch_info import ForwardMode
+from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
+from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
+
+PHASES = ("draft", "verify", "accept", "commit")
+
+
+def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_tokens: int) -> dict[str, Any]:
+    """Greedy generation in batches of `batch_size`, timing every scheduler step by kind."""
+    scheduler, worker = engine.scheduler, engine.scheduler.worker
+    clock = {"prefill": 0.0, "decode": 0.0, "decode_steps": 0}
+    step, run = scheduler.step, worker.forward_batch_generation
+    decoded = []
+
+    def flagging_run(batch):
+        decoded.append(batch.forward_mode is ForwardMode.DECODE)
+        return run(batch)
+
+    def timed_step():
+        decoded.clear()
+        start = time.perf_counter()
+        try:
+            return step()
+        finally:
+            kind = "decode" if any(decoded) else "prefill"
+            clock[kind] += time.perf_counter() - start
+            clock["decode_steps"] += kind == "decode"
+
+    scheduler.step, worker.forward_batch_generation = timed_step, flagging_run
+    timings = getattr(worker, "timings", None)
+    if timings is not None:
+        timings.clear()
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    outputs = []
+    start = time.perf_counter()
+    try:
+        for i in range(0, len(prompts), batch_size):
+            outputs += engine.generate(prompt=prompts[i : i + batch_size], sampling_params=params)
+    finally:
+        scheduler.step, worker.forward_batch_generation = step, run
+    wall = time.perf_counter() - start
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+    result = {
+        "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
+        "prefill_s": clock["prefill"], "decode_s": clock["decode"], "decode_steps": clock["decode_steps"],
+        "output_ids": [o["output_ids"] for o in outputs],
+    }
+    steps = max(1, clock["decode_steps"])
+    result["decode_step_ms"] = clock["decode"] / steps * 1e3
+    if timings is not None:
+        verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in outputs)
+        result["tau"] = (tokens - len(outputs)) / max(1, verify_steps)  # the first token is the prefill's
+        split = {phase: timings[phase] / steps * 1e3 for phase in PHASES}
+        # Host overhead: the rest of a decode step (scheduling, page allocation, batching).
+        split["host_overhead"] = result["decode_step_ms"] - sum(split.values())
+        result["step_ms"] = split
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default=None)
+    parser.add_argument("--draft-path", default=None)
+    parser.add_argument("--speculative-token-map", default=None, help="hot-token map for the drafter (JSON ids)")
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="bench_results/bench_dflash.json")
+    args = parser.parse_args(argv)
+
+    use_compilation_cache()
+    questions = QUESTIONS
+    if args.model_path is None:
+        model = ensure_tiny_pair()
+        args.model_path, args.draft_path = model.target_dir, model.draft_dir
+        questions = TINY_PAIR_QUESTIONS  # what the small pair was trained to answer
+    common = dict(model_path=args.model_path, context_length=512, max_total_tokens=8192,
+                  max_running_requests=max(args.batch_sizes), random_seed=0)
+    engines = {"NONE": Engine(**common)}
+    for block_size in args.block_sizes:
+        engines[f"DFLASH-b{block_size}"] = Engine(
+            **common, speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
+            speculative_num_draft_tokens=block_size, speculative_token_map=args.speculative_token_map)
+    prompts = chat_prompts(engines["NONE"].tokenizer, questions)
+
+    rows = []
+    for batch_size in args.batch_sizes:
+        results = {}
+        for name, engine in engines.items():
+            timed_generate(engine, prompts, batch_size, args.max_new_tokens)  # warm-up: compiles
+            results[name] = timed_generate(engine, prompts, batch_size, args.max_new_tokens)
+        base = results["NONE"]
+        for name, r in results.items():
+            row = {"config": name, "batch_size": batch_size, "tokens_per_s": round(r["tokens_per_s"], 1),
+                   "speedup_vs_none": round(r["tokens_per_s"] / base["tokens_per_s"], 2),
+                   "decode_steps": r["decode_steps"], "tokens": r["tokens"],
+                   "identical_to_none": r["output_ids"] == base["output_ids"],
+                   "prefill_s": round(r["prefill_s"], 3), "decode_step_ms": round(r["decode_step_ms"], 2)}
+            if "tau" in r:
+                row["tau"] = round(r["tau"], 2)
+                row["step_ms"] = {k: round(v, 2) for k, v in r["step_ms"].items()}
+            rows.append(row)
+
+    header = f"{'config':<12} {'batch':>5} {'tok/s':>8} {'x NONE':>7} {'tau':>5} {'same':>5} {'step ms':>8}  split (ms): " + \
+        " / ".join(PHASES + ("host_overhead",))
+    print(header)
+    for row in rows:
+        split = " / ".join(f"{row['step_ms'][k]:.2f}" for k in PHASES + ("host_overhead",)) if "step_ms" in row else ""
+        print(f"{row['config']:<12} {row['batch_size']:>5} {row['tokens_per_s']:>8.1f} {row['speedup_vs_none']:>7.2f} "
+              f"{row.get('tau', 1.0):>5.2f} {str(row['identical_to_none']):>5} {row['decode_step_ms']:>8.2f}  {split}")
+    report = {
+        "model_path": args.model_path, "draft_path": args.draft_path, "max_new_tokens": args.max_new_tokens,
+        "num_prompts": len(prompts), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                                 "load_avg": os.getloadavg()},
+        "results": rows,
+    }
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Ragged paged attention vs a dense reference and JAX's TPU reference; K/V writes; the page
+allocator; batch packing."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import (
+    ref_ragged_paged_attention,
+)
+
+from jax_backend import BatchError, OutOfPages, PageAllocator, SeqInput, build_batch
+from jax_backend.paged_attention import (
+    interleave_kv,
+    prefix_block_attention,
+    ragged_paged_attention,
+    write_kv,
+)
+from tests.jax_backend.allocator_utils import truncate
+
+PAGE, NUM_PAGES, PAGES_PER_SEQ, HEAD_DIM = 4, 40, 8, 16
+
+
+def _dense_reference(q, k, v, sm_scale):
+    """Plain causal GQA attention for one sequence whose last q_len keys are the queries'."""
+    q_len, kv_len = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) * sm_scale
+    q_pos = kv_len - q_len + np.arange(q_len)
+    scores = np.where(np.arange(kv_len)[None, None] <= q_pos[None, :, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", probs, v)
+
+
+def _mixed_case(num_q_heads, num_kv_heads, seed=0):
+    """Prefill (13 new tokens), decode (1 new after 20 cached), verify (8 new after 11 cached,
+    crossing page boundaries), plus a second decode; pages scattered over the pool; T and S
+    padded beyond the real tokens/sequences, with garbage in the padded rows."""
+    rng = np.random.default_rng(seed)
+    specs = [(13, 13), (1, 21), (8, 19), (1, 5)]  # (q_len, kv_len)
+    max_seqs, num_tokens = 8, 32
+    pool = rng.standard_normal((NUM_PAGES, PAGE, 2 * num_kv_heads, HEAD_DIM), np.float32)
+    pages = rng.permutation(np.arange(1, NUM_PAGES))  # non-contiguous, never the scratch page 0
+    page_indices = np.zeros((max_seqs, PAGES_PER_SEQ), np.int32)
+    kv_lens = np.zeros(max_seqs, np.int32)
+    cu_q_lens = np.zeros(max_seqs + 1, np.int32)
+    used = 0
+    for i, (q_len, kv_len) in enumerate(specs):
+        n = -(-kv_len // PAGE)
+        page_indices[i, :n] = pages[used : used + n]
+        used += n
+        kv_lens[i] = kv_len
+        cu_q_lens[i + 1] = cu_q_lens[i] + q_len
+    cu_q_lens[len(specs) + 1 :] = cu_q_lens[len(specs)]
+    queries = rng.standard_normal((num_tokens, num_q_heads, HEAD_DIM), np.float32)
+    arrays = dict(
+        queries=queries,
+        kv_pages=pool,
+        kv_lens=kv_lens,
+        page_indices=page_indices,
+        cu_q_lens=cu_q_lens,
+        num_seqs=np.array([len(specs)], np.int32),
+    )
+    return {k: jnp.asarray(v) for k, v in arrays.items()}, specs
+
+
+def _ours(args, max_q_len, chunk_tokens=8):
+    fn = functools.partial(
+        ragged_paged_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=max_q_len, chunk_tokens=chunk_tokens
+    )
+    return np.asarray(jax.jit(fn)(**args))
+
+
+@pytest.mark.parametrize(
+    "num_q_heads, num_kv_heads, chunk_tokens",
+    # chunk 4 = one page per chunk, 8 = two pages, 256 = the whole page table in one chunk
+    [(4, 2, 8), (3, 3, 4), (8, 1, 256)],
+)
+def test_matches_dense_reference(num_q_heads, num_kv_heads, chunk_tokens):
+    args, specs = _mixed_case(num_q_heads, num_kv_heads)
+    real = int(args["cu_q_lens"][len(specs)])
+    ours = _ours(args, max_q_len=16, chunk_tokens=chunk_tokens)  # the bound build_batch would pass
+    np.testing.assert_allclose(_ours(args, max_q_len=None), ours, atol=1e-5, rtol=0)
+    assert np.all(ours[real:] == 0)  # padding rows
+
+    pool = np.asarray(args["kv_pages"])
+    queries = np.asarray(args["queries"])
+    for i, (q_len, kv_len) in enumerate(specs):
+        strip = pool[np.asarray(args["page_indices"][i])].reshape(-1, 2 * num_kv_heads, HEAD_DIM)
+        k, v = strip[:kv_len, 0::2], strip[:kv_len, 1::2]
+        start = int(args["cu_q_lens"][i])
+        expected = _dense_reference(queries[start : start + q_len], k, v, HEAD_DIM**-0.5)
+        np.testing.assert_allclose(ours[start : start + q_len], expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_matches_jax_tpu_reference():
+    """Same semantics as the TPU kernel's reference (which is eager and slow: one case)."""
+    args, specs = _mixed_case(4, 2, seed=3)
+    real = int(args["cu_q_lens"][len(specs)])
+    tpu_ref = np.asarray(ref_ragged_paged_attention(**args, sm_scale=HEAD_DIM**-0.5))
+    assert tpu_ref.shape[0] == real
+    np.testing.assert_allclose(_ours(args, max_q_len=16)[:real], tpu_ref, atol=1e-5, rtol=0)
+
+
+def test_padding_and_stale_entries_are_ignored():
+    """Garbage past kv_len in a sequence's pages, and anything in the scratch page or in padded
+    page-table slots, must not change the real outputs."""
+    args, specs = _mixed_case(4, 2, seed=1)
+    base = _ours(args, max_q_len=16)
+    pool = np.array(args["kv_pages"])
+    pool[0] = 1e4  # scratch page
+    for i, (_, kv_len) in enumerate(specs):  # stale tail of each sequence's last page
+        last_page = args["page_indices"][i, (kv_len - 1) // PAGE]
+        pool[int(last_page), kv_len % PAGE or PAGE :] = -1e4
+    noisy = dict(args, kv_pages=jnp.asarray(pool))
+    out = _ours(noisy, max_q_len=16)
+    np.testing.assert_allclose(out, base, atol=1e-6, rtol=0)
+
+
+def test_prefix_block_attention_equals_write_then_attend():
+    """The model's variant (prefix from the pages, new K/V as arrays) equals writing the new
+    K/V into the pages first; whatever the pages hold at the new positions is ignored."""
+    args, specs = _mixed_case(4, 2, seed=4)
+    rng = np.random.default_rng(5)
+    num_tokens = args["queries"].shape[0]
+    k = jnp.asarray(rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32))
+    v = jnp.asarray(rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32))
+    slots = np.zeros(num_tokens, np.int32)  # padding rows -> scratch page 0
+    for i, (q_len, kv_len) in enumerate(specs):
+        start = int(args["cu_q_lens"][i])
+        for j, pos in enumerate(range(kv_len - q_len, kv_len)):
+            slots[start + j] = int(args["page_indices"][i, pos // PAGE]) * PAGE + pos % PAGE
+    written = dict(args, kv_pages=write_kv(args["kv_pages"], interleave_kv(k, v), jnp.asarray(slots)))
+    expected = _ours(written, max_q_len=16)
+
+    fn = functools.partial(prefix_block_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=16, chunk_tokens=8)
+    rest = {name: value for name, value in args.items() if name != "queries"}
+    ours = np.asarray(jax.jit(fn)(args["queries"], k, v, **rest))  # pages: stale data at new slots
+    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+def test_write_kv_scatters_to_slots_and_scratch():
+    rng = np.random.default_rng(2)
+    layers = 2
+    pool = jnp.asarray(rng.standard_normal((layers, 6, PAGE, 4, HEAD_DIM), np.float32))
+    k = jnp.asarray(rng.standard_normal((layers, 5, 2, HEAD_DIM), np.float32))
+    v = jnp.asarray(rng.standard_normal((layers, 5, 2, HEAD_DIM), np.float32))
+    kv = jnp.stack([interleave_kv(k[l], v[l]) for l in range(layers)])
+    np.testing.assert_array_equal(kv[:, :, 0::2], k)
+    np.testing.assert_array_equal(kv[:, :, 1::2], v)
+    # Three real tokens at positions 2, 3, 4 of a sequence with page table [5, 2]; two padding.
+    slots = jnp.array([5 * PAGE + 2, 5 * PAGE + 3, 2 * PAGE + 0, 0, 0], jnp.int32)
+    new = np.asarray(write_kv(pool, kv, slots))
+    np.testing.assert_array_equal(np.asarray(write_kv(pool[1], kv[1], slots)), new[1])  # no layer dim
+    old = np.asarray(pool)
+    for l in range(layers):
+        np.testing.assert_array_equal(new[l, 5, 2], kv[l, 0])
+        np.testing.assert_array_equal(new[l, 5, 3], kv[l, 1])
+        np.testing.assert_array_equal(new[l, 2, 0], kv[l, 2])
+        changed = np.argwhere(np.any(new[l] != old[l], axis=(2, 3)))
+        assert {tuple(x) for x in changed} <= {(5, 2), (5, 3), (2, 0), (0, 0)}
+
+
+def test_page_allocator():
+    alloc = PageAllocator(num_pages=6, page_size=4)  # 5 usable pages
+    assert alloc.num_free_pages == 5
+    assert alloc.pages_needed("a", 9) == 3
+    assert alloc.allocate("a", 9) == [1, 2, 3]
+    assert alloc.allocate("a", 12) == [1, 2, 3]  # already fits
+    assert alloc.pages_needed("a", 13) == 1
+    assert alloc.allocate("b", 5) == [4, 5]
+    with pytest.raises(OutOfPages, match="needs 1 more pages"):
+        alloc.allocate("a", 13)
+    assert alloc.page_table("a") == [1, 2, 3] and alloc.num_free_pages == 0  # all or nothing
+    assert alloc.free("b") == 2 and "b" not in alloc
+    assert alloc.free("b") == 0
+    assert truncate(alloc, "a", 5) == 1 and alloc.page_table("a") == [1, 2]
+    table = alloc.allocate("c", 12)
+    assert 0 not in table and len(set(table)) == 3 and not set(table) & {1, 2}
+    with pytest.raises(KeyError, match="unknown sequence"):
+        alloc.page_table("zzz")
+    with pytest.raises(ValueError, match="scratch"):
+        PageAllocator(num_pages=1, page_size=4)
+
+
+def test_build_batch_buckets_and_layout():
+    seqs = [
+        SeqInput([5, 6, 7], start_pos=0, page_table=[3], logits="all"),
+        SeqInput([9], start_pos=6, page_table=[4, 7]),
+        SeqInput([1, 2, 3, 4, 5], start_pos=2, page_table=[8, 2], logits="last"),
+    ]
+    batch, layout = build_batch(seqs, page_size=4, pages_per_seq=4)
+    assert batch.tokens.shape == (16,) and batch.kv_lens.shape == (4,)
+    assert batch.page_indices.shape == (4, 4) and batch.logits_indices.shape == (8,)
+    assert batch.max_q_len == 8
+    np.testing.assert_array_equal(batch.tokens[:9], [5, 6, 7, 9, 1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(batch.positions[:9], [0, 1, 2, 6, 2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(
+        batch.slot_mapping[:9], [12, 13, 14, 7 * 4 + 2, 8 * 4 + 2, 8 * 4 + 3, 2 * 4, 2 * 4 + 1, 2 * 4 + 2]
+    )
+    assert np.all(np.asarray(batch.slot_mapping[9:]) == 0)  # padding -> scratch page
+    np.testing.assert_array_equal(batch.kv_lens, [3, 7, 7, 0])
+    np.testing.assert_array_equal(batch.cu_q_lens, [0, 3, 4, 9, 9])
+    np.testing.assert_array_equal(batch.logits_indices[:5], [0, 1, 2, 3, 8])
+    assert layout.token_starts == (0, 3, 4) and layout.logit_starts == (0, 3, 4)
+    assert layout.num_logits == (3, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "seq, message",
+    [
+        (SeqInput([], 0, [1]), "token_ids is empty"),
+        (SeqInput([1, 2], 3, [1]), "need 2"),
+        (SeqInput([1], 0, [0]), "reserved as scratch"),
+        (SeqInput([1], 0, [1, 2, 3, 4, 5]), "more than pages_per_seq"),
+        (SeqInput([1], -1, [1]), "start_pos"),
+        (SeqInput([1], 0, [1], logits="first"), "logits must be"),
+    ],
+)
+def test_build_batch_errors(seq, message):
+    with pytest.raises(BatchError, match=message):
+        build_batch([seq], page_size=4, pages_per_seq=4)

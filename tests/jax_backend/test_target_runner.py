@@ -1,0 +1,169 @@
+"""TargetRunner: mixed ragged batches, rollback, greedy decoding and compile counts against
+transformers on a tiny random Qwen3 checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from jax import monitoring
+
+from jax_backend import (
+    BatchError,
+    ContextLengthError,
+    OutOfPages,
+    SeqInput,
+    TargetRunner,
+)
+from tests.jax_backend.allocator_utils import truncate
+from tests.tiny_checkpoints import load_hf_model, make_tiny_target
+
+TOL = 1e-4
+AUX = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_target(tmp_path_factory.mktemp("runner"), "qwen3")
+
+
+@pytest.fixture(scope="module")
+def hf(checkpoint):
+    return load_hf_model(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def runner(checkpoint):
+    return TargetRunner(checkpoint, page_size=8, max_total_tokens=512, max_num_seqs=8, aux_layer_ids=AUX)
+
+
+def _hf_run(hf, ids):
+    """transformers logits [n, V] and the aux features [n, len(AUX) * H] for a full sequence."""
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), output_hidden_states=True)
+    aux = np.concatenate([out.hidden_states[l + 1][0].numpy() for l in AUX], axis=-1)
+    return out.logits[0].numpy(), aux
+
+
+def _ids(seed, n, vocab=256):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def test_mixed_batch_matches_transformers(runner, hf):
+    """One forward holding a prefill (longer than one 256-token attention chunk), a 1-token
+    decode and a 16-token verify block."""
+    a, b, c = _ids(10, 270), _ids(11, 31), _ids(12, 34)
+    alloc = runner.allocator
+    tables = {name: alloc.allocate(name, len(ids)) for name, ids in (("a", a), ("b", b), ("c", c))}
+    runner.forward([SeqInput(b[:30], 0, tables["b"]), SeqInput(c[:18], 0, tables["c"])])
+    out = runner.forward(
+        [
+            SeqInput(a, 0, tables["a"], logits="all"),
+            SeqInput(b[30:], 30, tables["b"], logits="all"),
+            SeqInput(c[18:], 18, tables["c"], logits="all"),
+        ]
+    )
+    for ids, start, logits, aux in zip((a, b, c), (0, 30, 18), out.logits, out.aux_hidden):
+        ref_logits, ref_aux = _hf_run(hf, ids)
+        assert logits.shape == (len(ids) - start, hf.config.vocab_size)
+        np.testing.assert_allclose(logits, ref_logits[start:], atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(aux), ref_aux[start:], atol=TOL, rtol=0)
+    for name in tables:
+        alloc.free(name)
+
+
+def test_rollback_equals_never_seeing_dropped_tokens(runner, hf):
+    """Verify an 8-token block, keep its first 4 tokens, release the page holding only rejected
+    tokens, then run a new block from the shorter start: logits equal a run that never saw the
+    rejected tokens, although stale K/V of those tokens is still in the pages."""
+    prompt, block, nxt = _ids(20, 20), _ids(21, 8), _ids(22, 8)
+    alloc = runner.allocator
+    table = alloc.allocate("r", len(prompt) + len(block))
+    runner.forward([SeqInput(prompt, 0, table)])
+    runner.forward([SeqInput(block, len(prompt), table, logits="all")])
+    kept = prompt + block[:4]
+    assert truncate(alloc, "r", len(kept)) == 1  # tokens 24..27 (rejected) had a page alone
+    table = alloc.allocate("r", len(kept) + len(nxt))
+    out = runner.forward([SeqInput(nxt, len(kept), table, logits="all")])
+    ref_logits, ref_aux = _hf_run(hf, kept + nxt)
+    np.testing.assert_allclose(out.logits[0], ref_logits[len(kept):], atol=TOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(out.aux_hidden[0]), ref_aux[len(kept):], atol=TOL, rtol=0)
+    # Roll back further, into an earlier page: the freed page is handed out again, stale.
+    assert truncate(alloc, "r", 14) == 2
+    table = alloc.allocate("r", 14 + len(nxt))
+    out = runner.forward([SeqInput(nxt, 14, table, logits="all")])
+    ref_logits, _ = _hf_run(hf, prompt[:14] + nxt)
+    np.testing.assert_allclose(out.logits[0], ref_logits[14:], atol=TOL, rtol=0)
+    alloc.free("r")
+
+
+def test_greedy_decode_matches_generate_without_recompiling(runner, hf):
+    """Two sequences decode 50 tokens together (crossing page boundaries). After one warm-up
+    step no new compilation happens anywhere in JAX, and both match transformers' greedy
+    generate."""
+    steps = 50
+    prompts = [_ids(30, 11), _ids(31, 6)]
+    alloc = runner.allocator
+    tables = [alloc.allocate(i, len(p)) for i, p in enumerate(prompts)]
+    out = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    tokens = [[int(l[0].argmax())] for l in out.logits]
+
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event)  # noqa: E731
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for step in range(steps):
+            seqs = []
+            for i, prompt in enumerate(prompts):
+                pos = len(prompt) + len(tokens[i]) - 1
+                seqs.append(SeqInput([tokens[i][-1]], pos, alloc.allocate(i, pos + 1)))
+            out = runner.forward(seqs)
+            for i, logits in enumerate(out.logits):
+                tokens[i].append(int(logits[0].argmax()))
+            if step == 0:  # warm-up: the decode bucket and the aux slice compile here
+                assert "/jax/core/compile/backend_compile_duration" in compiles  # listener works
+                compiles.clear()
+                cache_size = runner.num_compilations()
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    backend_compiles = [e for e in compiles if e == "/jax/core/compile/backend_compile_duration"]
+    assert backend_compiles == []
+    assert runner.num_compilations() == cache_size
+
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=steps + 1, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )[0, len(prompt):].tolist()
+        assert tokens[i] == ref
+        alloc.free(i)
+
+
+def test_bad_requests_raise_clear_errors(checkpoint, runner):
+    small = TargetRunner(checkpoint, page_size=8, max_total_tokens=256, max_model_len=32, max_num_seqs=2)
+    assert small.max_model_len == 32
+    table = small.allocator.allocate("x", 40)
+    with pytest.raises(ContextLengthError, match="40 tokens .* exceed max_model_len 32"):
+        small.forward([SeqInput(list(range(40)), 0, table)])
+    with pytest.raises(ContextLengthError, match="exceed max_model_len 32"):
+        small.forward([SeqInput([1, 2], 31, table)])
+    with pytest.raises(BatchError, match=r"token ids must be in \[0, 256\)"):
+        small.forward([SeqInput([1, 256], 0, table)])
+    with pytest.raises(BatchError, match="exceed max_num_seqs 2"):
+        small.forward([SeqInput([1], 0, table)] * 3)
+    with pytest.raises(OutOfPages):
+        small.allocator.allocate("y", 256)
+    with pytest.raises(ValueError, match=r"aux_layer_ids \[4\] out of range"):
+        TargetRunner(checkpoint, aux_layer_ids=(0, 4))
+    # The shared runner's defaults: max_model_len = min(max_position_embeddings, pool size).
+    assert runner.max_model_len == 512 and runner.page_size == 8
+    assert runner.embed.shape == runner.lm_head.shape == (256, 64)
+
+
+def test_no_aux_layers_returns_empty_tuple(checkpoint, hf):
+    plain = TargetRunner(checkpoint, page_size=16, max_total_tokens=64)
+    ids = _ids(40, 9)
+    out = plain.forward([SeqInput(ids, 0, plain.allocator.allocate(0, 9))])
+    assert out.aux_hidden == ()
+    np.testing.assert_allclose(out.logits[0][0], _hf_run(hf, ids)[0][-1], atol=TOL, rtol=0)

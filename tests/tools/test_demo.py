@@ -1,0 +1,32 @@
+"""The README's main command (`python -m sgl_dflash.demo`): SmolLM2-135M-Instruct served with the
+shipped DFlash drafter, greedy DFLASH equal to greedy NONE on the real model pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sgl_dflash.tools import demo
+
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
+
+def test_demo_serves_smollm2_with_the_shipped_drafter_losslessly(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    summary = demo.main(["--questions", "What is 12 times 7?", "Write a Python function that adds two numbers.",
+                         "--max-new-tokens", "24", "--json", str(out)])
+    assert summary["drafter"] == str(demo.DEFAULT_DRAFTER)
+    assert summary["model"].endswith("SmolLM2-135M-Instruct")
+    own = json.loads((demo.DEFAULT_DRAFTER / "config.json").read_text())["block_size"]
+    assert summary["block_size"] == min(own, demo.CPU_BLOCK_SIZE)  # the tests run on CPU
+    assert summary["token_map"] == str(demo.DEFAULT_DRAFTER / "token_map.json")
+    assert summary["outputs_identical"] is True
+    assert summary["tau"] >= 1.0 and summary["none_tokens_per_s"] > 0
+    assert json.loads(out.read_text()) == summary
+    assert "identical to NONE: True" in capsys.readouterr().out
+
+
+def test_demo_needs_a_drafter_for_another_target(tmp_path):
+    with pytest.raises(SystemExit):
+        demo.main(["--model-path", str(tmp_path)])

