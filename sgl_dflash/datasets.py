@@ -1,7 +1,6 @@
-"""`python -m sgl_dflash.datasets`, and the names `python -m sgl_dflash.train` reads here; the code
-lives in sgl_dflash/tools/datasets.py."""
+"""`python -m sgl_dflash.datasets`: the command users know; the code lives in sgl_dflash/tools/datasets.py."""
 
-from sgl_dflash.tools.datasets import load_training_prompts, main  # noqa: F401
+from sgl_dflash.tools.datasets import main
 
 if __name__ == "__main__":
     main()

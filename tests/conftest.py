@@ -99,7 +99,7 @@ def none_engine(engine_kwargs):
 @pytest.fixture(scope="session")
 def trained_draft_dir(tmp_path_factory, spec_target_dir, none_engine):
     """A drafter that accepts: trained briefly (sgl_dflash.train) on the target's greedy outputs."""
-    from sgl_dflash.train import train_drafter
+    from sgl_dflash.tools.train import train_drafter
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 16, size=int(rng.integers(3, 12))).tolist() for _ in range(32)]

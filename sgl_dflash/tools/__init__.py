@@ -1,5 +1,5 @@
-"""Tooling around the runtime: the demo, benchmarks, prompt sets, model import and the tiny pair.
-The runtime never imports it. (Drafter training lives in sgl_dflash/train/.)"""
+"""Tooling around the runtime: the demo, benchmarks, prompt sets, model import, the tiny pair and
+drafter training (tools/train/). The runtime never imports it."""
 
 import os
 from pathlib import Path

@@ -174,7 +174,7 @@ def run_bench(
     from transformers import AutoTokenizer
 
     from sgl_dflash.model_config import eos_token_ids
-    from sgl_dflash.train.regenerate import chat_prompt_ids
+    from sgl_dflash.tools.train.regenerate import chat_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     tokenized = {name: [chat_prompt_ids(tokenizer, row["prompt"]) for row in rows] for name, rows in prompt_sets.items()}

@@ -79,7 +79,7 @@ def ensure_tiny_pair(
 
 
 def build_tiny_pair(model: TinyPair, spec: TinyPairSpec, progress: bool = True) -> None:
-    from sgl_dflash.train import train_drafter
+    from sgl_dflash.tools.train import train_drafter
 
     chats = chat_samples(spec.topics)
     tokenizer = train_tokenizer([c["text"] for c in chats], spec.vocab_size, model.target_dir)

@@ -114,8 +114,8 @@ def test_kept_response_set_holds_only_decontaminated_training_prompts(extracted)
     from transformers import AutoTokenizer
 
     from sgl_dflash.tools import model_import
-    from sgl_dflash.train.regenerate import chat_prompt_ids
-    from sgl_dflash.train.responses import ResponseSet, default_set_dir
+    from sgl_dflash.tools.train.regenerate import chat_prompt_ids
+    from sgl_dflash.tools.train.responses import ResponseSet, default_set_dir
 
     _, train = extracted
     by_id: dict[str, list[str]] = {}  # a few stdlib-derived ids name two functions of one module

@@ -25,7 +25,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+from sgl_dflash.tools import REPO_ROOT
+
 DATA_DIR = REPO_ROOT / "data"
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_dflash.train import batches, core, trainer
-from sgl_dflash.train.responses import Response, ResponseSet, ResponseSetError
+from sgl_dflash.tools.train import batches, core, trainer
+from sgl_dflash.tools.train.responses import Response, ResponseSet, ResponseSetError
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
 pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/test.sh --fast)
@@ -139,7 +139,7 @@ def test_holdout_split_is_stable_when_the_set_grows():
 
 
 def test_the_kept_smollm2_set_is_complete():
-    from sgl_dflash.train.responses import default_set_dir
+    from sgl_dflash.tools.train.responses import default_set_dir
 
     path = default_set_dir("SmolLM2-135M-Instruct")
     manifest = json.loads((path / "manifest.json").read_text())
@@ -313,8 +313,8 @@ def test_init_from_target_layers_copies_the_last_layers(tiny_target):
 @pytest.mark.slow
 def test_regenerate_appends_resumes_and_verifies(tmp_path):
     from sgl_dflash.tools.tiny_pair import train_tokenizer
-    from sgl_dflash.train import regenerate
-    from sgl_dflash.train.__main__ import main as train_cli
+    from sgl_dflash.tools.train import regenerate
+    from sgl_dflash.tools.train.__main__ import main as train_cli
 
     target = tmp_path / "target"
     tok = train_tokenizer([f"add {i} and {i + 1} gives {2 * i + 1}" for i in range(100)], 200, target)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from sgl_dflash.train import core
-from sgl_dflash.train.batches import Blocks, TrainSequence, device_batch, make_blocks
+from sgl_dflash.tools.train import core
+from sgl_dflash.tools.train.batches import Blocks, TrainSequence, device_batch, make_blocks
 
 
 class FeatureTarget:

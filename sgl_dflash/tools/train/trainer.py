@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from sgl_dflash.train import core
-from sgl_dflash.train.batches import device_batch, length_batches, make_blocks, split_holdout, to_train_sequence
-from sgl_dflash.train.objective import FeatureTarget, autocast, block_loss, evaluate
-from sgl_dflash.train.responses import Response, ResponseSet
+from sgl_dflash.tools.train import core
+from sgl_dflash.tools.train.batches import device_batch, length_batches, make_blocks, split_holdout, to_train_sequence
+from sgl_dflash.tools.train.objective import FeatureTarget, autocast, block_loss, evaluate
+from sgl_dflash.tools.train.responses import Response, ResponseSet
 from torchax_proposer import default_target_layer_ids
 
 

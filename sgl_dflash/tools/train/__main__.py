@@ -26,7 +26,7 @@ def _parse_mix(text: str) -> dict[str, float]:
 
 
 def _set_dir(args) -> Path:
-    from sgl_dflash.train.responses import default_set_dir
+    from sgl_dflash.tools.train.responses import default_set_dir
 
     return args.set or default_set_dir(Path(args.target).name)
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     args.target = args.target or model_import.ensure_default_model()
     if args.command == "regenerate":
         from sgl_dflash.tools import datasets
-        from sgl_dflash.train import regenerate
+        from sgl_dflash.tools.train import regenerate
 
         prompts = regenerate.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
         out = regenerate.regenerate(args.target, _set_dir(args), prompts, max_new_tokens=args.max_new_tokens,
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                                     seed=args.seed)
         print(json.dumps(out.manifest["totals"], indent=1))
     elif args.command == "import":
-        from sgl_dflash.train.responses import ResponseSet, read_jsonl_rows, target_identity
+        from sgl_dflash.tools.train.responses import ResponseSet, read_jsonl_rows, target_identity
 
         if not args.files or not args.sampling:
             parser.error("import needs FILE(s) and --sampling")
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{path.name}: +{n} responses")
         print(json.dumps(responses.manifest["totals"], indent=1))
     elif args.command == "verify":
-        from sgl_dflash.train import regenerate
-        from sgl_dflash.train.responses import ResponseSet, _write_json
+        from sgl_dflash.tools.train import regenerate
+        from sgl_dflash.tools.train.responses import ResponseSet, _write_json
 
         result = regenerate.verify(args.target, _set_dir(args), num=args.num, tokens=args.tokens, seed=args.seed)
         print(json.dumps(result, indent=1))
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         responses.manifest.setdefault("checks", []).append({k: v for k, v in result.items() if k != "set"})
         _write_json(responses.path / "manifest.json", responses.manifest)
     elif args.command == "train":
-        from sgl_dflash.train import trainer
-        from sgl_dflash.train.responses import ResponseSet
+        from sgl_dflash.tools.train import trainer
+        from sgl_dflash.tools.train.responses import ResponseSet
 
         cfg = trainer.TrainConfig(
             num_layers=args.num_layers, block_size=args.block_size, num_feature_layers=args.num_feature_layers,
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: summary.get(k) for k in ("steps_done", "total_steps", "train_seconds",
                                                       "recent_train_loss", "held_out")}, indent=1))
     elif args.command == "eval":
-        from sgl_dflash.train import trainer
-        from sgl_dflash.train.responses import ResponseSet
+        from sgl_dflash.tools.train import trainer
+        from sgl_dflash.tools.train.responses import ResponseSet
 
         if args.draft is None:
             parser.error("eval needs --draft DIR")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                                                      args.block_sizes, holdout=args.holdout, device=args.device),
                          indent=1))
     elif args.command == "token-map":
-        from sgl_dflash.train.responses import ResponseSet
+        from sgl_dflash.tools.train.responses import ResponseSet
 
         if args.out is None:
             parser.error("token-map needs --out FILE")

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from sgl_dflash.train.responses import Response
+from sgl_dflash.tools.train.responses import Response
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from sgl_dflash.train.responses import ResponseSet, ResponseSetError, target_identity
+from sgl_dflash.tools.train.responses import ResponseSet, ResponseSetError, target_identity
 
 
 def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
