@@ -184,7 +184,9 @@ class DFlashProposer:
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
         features = tuple(s.pending if s.pending is not None else self._no_rows for s in states)
         features += (self._no_rows,) * pad
-        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(int(cache_lens.max()))))
+        # The window covers the committed context (cached + pending rows, written first).
+        longest = int((cache_lens + new_lens).max())
+        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(longest)))
 
         tokens, logits, self.k_cache, self.v_cache = self._jit.draft(
             self.params,
