@@ -15,6 +15,7 @@ from jax_backend import model
 from jax_backend.batch import BatchError, SeqInput, build_batch
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.loader import load_target
+from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
 
 
 class ContextLengthError(ValueError):
@@ -130,7 +131,8 @@ class TargetRunner:
         # min_tokens=2: with a single token row XLA:CPU lowers the KV write to a
         # dynamic-update-slice and copies the whole pool first; one padding row avoids that.
         batch, layout = build_batch(
-            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_tokens=2
+            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_tokens=2,
+            min_pages=max(1, DEFAULT_CHUNK_TOKENS // self.page_size),
         )
         logits, aux, self.kv_pool = self._step(self.params, self.kv_pool, batch)
 
