@@ -8,6 +8,7 @@ A request's `slot` is its sequence id in the page allocator; the scheduler alloc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -19,6 +20,11 @@ from sgl_dflash.schedule_batch import Req
 from sgl_dflash.server_args import ServerArgs
 
 AppendFn = Callable[[Req, list[int]], int]
+
+# Sampling and acceptance inside the target's jitted step (TargetRunner.sample / .verify): only
+# token ids and accept counts come to the host. SGL_DFLASH_DEVICE_STEPS=0 keeps the host path
+# (logits to the host), for A/B measurements.
+DEVICE_STEPS = os.environ.get("SGL_DFLASH_DEVICE_STEPS", "1") != "0"
 
 
 class ARWorker:
@@ -65,11 +71,15 @@ class ARWorker:
     def decode(self, reqs: list[Req], append: AppendFn) -> None:
         """One token for every request: its pending token runs at position committed_len."""
         seqs = [SeqInput([r.last_token], r.committed_len, self.page_table(r), "last") for r in reqs]
-        out = self.target.forward(seqs)
+        if DEVICE_STEPS:
+            out = self.target.sample(seqs, *sampling_arrays(reqs, len(reqs)), self.next_key())
+            tokens = out.tokens
+        else:
+            out = self.target.forward(seqs)
+            tokens = self.sample(np.concatenate(out.logits), reqs)
         if self.record_aux:
             for r, aux in zip(reqs, out.aux_hidden):
                 r.aux_hidden.append(np.asarray(self.target.hidden_state_features(aux)))
-        tokens = self.sample(np.concatenate(out.logits), reqs)
         for r, token in zip(reqs, tokens):
             append(r, [int(token)])
 

@@ -31,7 +31,7 @@ from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.schedule_batch import Req
 from sgl_dflash.server_args import ServerArgs, ServerArgsError, read_model_config, read_token_map
-from sgl_dflash.workers.ar_worker import AppendFn, ARWorker, sampling_arrays
+from sgl_dflash.workers.ar_worker import DEVICE_STEPS, AppendFn, ARWorker, sampling_arrays
 
 
 def _target_config_dict(server_args: ServerArgs) -> dict:
@@ -112,6 +112,8 @@ class DFlashWorker(ARWorker):
             draft_probs, drafts = self._sample_drafts(np.asarray(draft_logits), reqs)
         drafts = np.asarray(drafts, np.int32)
         t1 = time.perf_counter()
+        if DEVICE_STEPS:  # 2.-4. with acceptance inside the target's jitted step
+            return self._verify_on_device(reqs, append, bonus, drafts, None if greedy else draft_probs, t0, t1)
 
         # 2. Verify: one target forward over every [bonus, drafts...] block at positions L.. .
         out = self.target.forward([
@@ -150,6 +152,27 @@ class DFlashWorker(ARWorker):
             append(r, [*drafts[i, :a].tolist(), int(new_bonus[i])])  # stop rules may cut this
         t4 = time.perf_counter()
         for phase, seconds in (("draft", t1 - t0), ("verify", t2 - t1), ("accept", t3 - t2), ("commit", t4 - t3)):
+            self.timings[phase] += seconds
+        self.timings["steps"] += 1
+
+    def _verify_on_device(self, reqs, append, bonus, drafts, draft_probs, t0, t1) -> None:
+        """Steps 2-4 of `decode` through TargetRunner.verify: verify and accept in one jitted
+        step (only accepted counts and bonus ids come to the host); the drafter takes the block
+        features as they are on the device."""
+        B, slots = self.block_size, [r.slot for r in reqs]
+        seqs = [SeqInput([bonus[i], *drafts[i]], r.committed_len, self.page_table(r), "all") for i, r in enumerate(reqs)]
+        if draft_probs is None:
+            out = self.target.verify(seqs)
+        else:
+            out = self.target.verify(seqs, *sampling_arrays(reqs, len(reqs)), draft_probs=draft_probs, key=self.next_key())
+        t2 = time.perf_counter()
+        self.proposer.commit_block(slots, out.accepted, out.features)
+        for i, r in enumerate(reqs):
+            a = int(out.accepted[i])
+            r.record_verify(B - 1, a)
+            append(r, [*drafts[i, :a].tolist(), int(out.bonus[i])])  # stop rules may cut this
+        t3 = time.perf_counter()
+        for phase, seconds in (("draft", t1 - t0), ("verify", t2 - t1), ("accept", 0.0), ("commit", t3 - t2)):
             self.timings[phase] += seconds
         self.timings["steps"] += 1
 
