@@ -31,7 +31,12 @@ from jax_backend import SeqInput, TargetRunner
 from jax_backend.model import apply_rope, rms_norm, rope_cos_sin
 
 CASES = [(1, 1), (4, 1), (32, 1), (1, 4), (1, 8), (1, 16), (4, 4), (4, 8), (4, 16)]  # (B, K)
-AUX_LAYERS = (1, 10, 18, 27)  # the SmolLM2 drafter's feature layers (verify returns them)
+
+
+def aux_layers(num_layers: int) -> tuple[int, ...]:
+    """4 feature layers by z-lab's default rule ([1, 10, 18, 27] for SmolLM2's 30, as our
+    drafter): verify returns their features."""
+    return tuple(sorted({min(num_layers - 1, max(0, round(1 + i * (num_layers - 4) / 3))) for i in range(4)}))
 
 
 # -- the machine ----------------------------------------------------------------------------------
@@ -146,9 +151,15 @@ class HfSteps:
 
     def _prefill(self, batch: int, max_k: int) -> None:
         torch = self.torch
+        ids = torch.randint(0, self.hf.config.vocab_size, (batch, self.context), device=self.device)
+        with torch.no_grad():
+            self._fill(ids, max_k)
+        self.batch = batch
+
+    def _fill(self, ids, max_k: int) -> None:
+        torch = self.torch
         from transformers import DynamicCache, StaticCache
 
-        ids = torch.randint(0, self.hf.config.vocab_size, (batch, self.context), device=self.device)
         if self.static:
             self.cache = StaticCache(config=self.hf.config, max_cache_len=self.context + max_k)
             positions = torch.arange(self.context, device=self.device)
@@ -156,7 +167,6 @@ class HfSteps:
         else:
             self.cache = DynamicCache()
             self.hf(ids, past_key_values=self.cache, use_cache=True)
-        self.batch = batch
 
     def run(self, tokens: np.ndarray) -> None:
         torch = self.torch
@@ -168,10 +178,21 @@ class HfSteps:
             if self.static:
                 positions = torch.arange(self.context, self.context + k, device=self.device)
                 logits = self.hf(ids, past_key_values=self.cache, cache_position=positions, use_cache=True).logits
+                _rewind_static(self.cache, self.context)
             else:
                 logits = self.hf(ids, past_key_values=self.cache, use_cache=True).logits
-                self.cache.crop(self.context)
+                self.cache.crop(self.context - self.cache.get_seq_length())  # negative: drop
             logits.argmax(-1).cpu()
+
+
+def _rewind_static(cache, length: int) -> None:
+    """Back to `length` cached tokens: recent transformers place a StaticCache's writes at its own
+    counter (cumulative_length), older ones at the cache_position argument."""
+    for layer in getattr(cache, "layers", ()):
+        if hasattr(layer, "cumulative_length") and hasattr(layer.cumulative_length, "fill_"):
+            layer.cumulative_length.fill_(length)
+        if hasattr(layer, "cumulative_length_int"):
+            layer.cumulative_length_int = length
 
 
 # -- the benchmark --------------------------------------------------------------------------------
@@ -179,12 +200,15 @@ def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
-def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, out_dir: Path, progress=None) -> dict:
+def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, out_dir: Path, progress=None,
+        hf_static: bool | None = None) -> dict:
+    """`hf_static`: also time transformers with a static cache (default: on GPU only)."""
     on_gpu = jax.default_backend() != "cpu"
     machine = measure_machine(on_gpu)
     max_batch = max(b for b, _ in CASES)
+    num_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
     runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
-                          max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=AUX_LAYERS)
+                          max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers))
     config = runner.config
     params_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params))
     if config.tie_word_embeddings:
@@ -195,7 +219,7 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         runner.forward([SeqInput(rng.integers(0, config.vocab_size, context).tolist(), 0, tables[j]) for j in range(i, i + 4)])
     dense = DenseJax(runner, context + 16)
     impls = {"hf_dynamic": HfSteps(hf, context, static=False)} if hf is not None else {}
-    if hf is not None and on_gpu:
+    if hf is not None and (on_gpu if hf_static is None else hf_static):
         impls["hf_static"] = HfSteps(hf, context, static=True)
 
     rows = []
