@@ -201,14 +201,16 @@ def _median_ms(times: list[float]) -> float:
 
 
 def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, out_dir: Path, progress=None,
-        hf_static: bool | None = None) -> dict:
-    """`hf_static`: also time transformers with a static cache (default: on GPU only)."""
+        hf_static: bool | None = None, unroll_layers: bool = False, fuse_projections: bool = False) -> dict:
+    """`hf_static`: also time transformers with a static cache (default: on GPU only).
+    `unroll_layers` / `fuse_projections`: the TargetRunner layouts to time as "ours"."""
     on_gpu = jax.default_backend() != "cpu"
     machine = measure_machine(on_gpu)
     max_batch = max(b for b, _ in CASES)
     num_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
     runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
-                          max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers))
+                          max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers),
+                          unroll_layers=unroll_layers, fuse_projections=fuse_projections)
     config = runner.config
     params_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params))
     if config.tie_word_embeddings:
@@ -236,15 +238,19 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
             if batch <= hf_max_batch:
                 steps[name] = lambda impl=impl: impl.run(tokens)
         times = {name: [] for name in steps}
-        for fn in steps.values():  # warm-up: compiles, fills caches
+        warmup = {}
+        for name, fn in steps.items():  # warm-up: compiles, fills caches
+            start = time.perf_counter()
             fn(), fn()
+            warmup[name] = time.perf_counter() - start
         for _ in range(repeats):  # interleaved: every implementation sees the same background load
             for name, fn in steps.items():
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
         row = {"batch": batch, "k": k, "kind": "decode" if k == 1 else "verify",
-               **roofline(config, params_bytes, batch, k, context, machine)}
+               **roofline(config, params_bytes, batch, k, context, machine),
+               "warmup_s": warmup}  # two calls, the first compiling
         for name, ts in times.items():
             row[f"{name}_ms"] = _median_ms(ts)
             row[f"{name}_over_roofline"] = row[f"{name}_ms"] / row["roofline_ms"]

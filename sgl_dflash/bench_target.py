@@ -168,6 +168,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--hf-max-batch", type=int, default=None,
                         help="--roofline: largest batch timed with transformers (default 4 on CPU, all on GPU)")
     parser.add_argument("--out-dir", default="bench_results", help="--roofline: where roofline.json/png go")
+    parser.add_argument("--unroll-layers", action="store_true", help="--roofline: ours with unrolled layers")
+    parser.add_argument("--fuse-projections", action="store_true", help="--roofline: ours with fused qkv/gate_up")
     args = parser.parse_args(argv)
     if args.threads == 1:  # read when the JAX CPU backend starts (first array below)
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
@@ -253,6 +255,7 @@ def _roofline(args) -> dict:
         hf_max_batch = args.hf_max_batch if args.hf_max_batch is not None else (1 << 30 if on_gpu else 4)
         result = bench_roofline.run(
             model_dir, hf, context=args.context, repeats=args.repeats, hf_max_batch=hf_max_batch,
+            unroll_layers=args.unroll_layers, fuse_projections=args.fuse_projections,
             out_dir=Path(args.out_dir), progress=lambda row: print(f"  B={row['batch']} K={row['k']}: "
                                                                    f"ours {row['ours_ms']:.2f} ms", flush=True),
         )
