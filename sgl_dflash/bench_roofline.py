@@ -201,12 +201,15 @@ def _median_ms(times: list[float]) -> float:
 
 
 def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, out_dir: Path, progress=None,
-        hf_static: bool | None = None, unroll_layers: bool = False, fuse_projections: bool = False) -> dict:
+        hf_static: bool | None = None, unroll_layers: bool = False, fuse_projections: bool = False,
+        cases: list[tuple[int, int]] | None = None) -> dict:
     """`hf_static`: also time transformers with a static cache (default: on GPU only).
-    `unroll_layers` / `fuse_projections`: the TargetRunner layouts to time as "ours"."""
+    `unroll_layers` / `fuse_projections`: the TargetRunner layouts to time as "ours".
+    `cases`: (B, K) pairs, default `CASES`."""
+    cases = CASES if cases is None else cases
     on_gpu = jax.default_backend() != "cpu"
     machine = measure_machine(on_gpu)
-    max_batch = max(b for b, _ in CASES)
+    max_batch = max(b for b, _ in cases)
     num_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
     runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
                           max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers),
@@ -217,15 +220,16 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         params_bytes -= runner.params["lm_head"].nbytes  # one array, counted twice in the tree
     rng = np.random.default_rng(0)
     tables = [runner.allocator.allocate(i, context + 32) for i in range(max_batch)]
-    for i in range(0, max_batch, 4):  # cache `context` tokens per sequence
-        runner.forward([SeqInput(rng.integers(0, config.vocab_size, context).tolist(), 0, tables[j]) for j in range(i, i + 4)])
+    for i in range(0, max_batch, 4):  # cache `context` tokens per sequence, 4 sequences a forward
+        group = range(i, min(i + 4, max_batch))
+        runner.forward([SeqInput(rng.integers(0, config.vocab_size, context).tolist(), 0, tables[j]) for j in group])
     dense = DenseJax(runner, context + 16)
     impls = {"hf_dynamic": HfSteps(hf, context, static=False)} if hf is not None else {}
     if hf is not None and (on_gpu if hf_static is None else hf_static):
         impls["hf_static"] = HfSteps(hf, context, static=True)
 
     rows = []
-    for batch, k in CASES:
+    for batch, k in cases:
         tokens = rng.integers(0, config.vocab_size, (batch, k)).astype(np.int32)
         if k == 1:
             seqs = [SeqInput([int(t[0])], context, tables[i]) for i, t in enumerate(tokens)]

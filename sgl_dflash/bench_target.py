@@ -169,6 +169,8 @@ def main(argv=None) -> dict:
                         help="--roofline: largest batch timed with transformers (default 4 on CPU, all on GPU)")
     parser.add_argument("--out-dir", default="bench_results", help="--roofline: where roofline.json/png go")
     parser.add_argument("--unroll-layers", action="store_true", help="--roofline: ours with unrolled layers")
+    parser.add_argument("--cases", nargs="+", default=None, metavar="BxK",
+                        help="--roofline: steps to time, e.g. 1x1 32x1 1x8 (default: B=1/4/32 decode, K=4/8/16 at B=1/4)")
     parser.add_argument("--fuse-projections", action="store_true", help="--roofline: ours with fused qkv/gate_up")
     args = parser.parse_args(argv)
     if args.threads == 1:  # read when the JAX CPU backend starts (first array below)
@@ -256,6 +258,7 @@ def _roofline(args) -> dict:
         result = bench_roofline.run(
             model_dir, hf, context=args.context, repeats=args.repeats, hf_max_batch=hf_max_batch,
             unroll_layers=args.unroll_layers, fuse_projections=args.fuse_projections,
+            cases=None if args.cases is None else [tuple(int(v) for v in c.lower().split("x")) for c in args.cases],
             out_dir=Path(args.out_dir), progress=lambda row: print(f"  B={row['batch']} K={row['k']}: "
                                                                    f"ours {row['ours_ms']:.2f} ms", flush=True),
         )
