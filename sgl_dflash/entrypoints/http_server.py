@@ -144,11 +144,12 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
             "version": _version(),
         }
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache")
+    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         if await tm.flush_cache():
             return Response(content="Cache flushed.\n", status_code=200)
-        return Response(content="Cache not flushed: requests are running or waiting.\n", status_code=400)
+        return error_response("Cache not flushed: requests are running or waiting.", 400)
 
     @app.post("/abort_request", openapi_extra=json_body(AbortReqInput))
     async def abort_request(request: Request) -> Response:
@@ -161,7 +162,8 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
         tm.metrics.update_scheduler_gauges(tm.get_internal_state(), server_args.page_size)
         return Response(content=tm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=json_body(GenerateReqInput))
+    @app.post("/generate", openapi_extra=json_body(GenerateReqInput))
+    @app.put("/generate", openapi_extra=json_body(GenerateReqInput))
     async def generate(request: Request) -> Response:
         obj = await parse_body(request, GenerateReqInput)
         requests, is_batch = normalize(obj)
