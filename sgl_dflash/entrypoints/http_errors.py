@@ -70,9 +70,8 @@ def validation_error(errors: list[dict[str, Any]], *, openai: bool) -> InvalidRe
     """Pydantic errors -> an `InvalidRequestError` naming each offending field once (the most
     telling error first: a value out of range says more than "not a string" from the other
     member of a `str | list[str]` union)."""
-    located = [(field_path(err.get("loc", ())), err) for err in errors]
-    # A union member that refused the input's type ("should be a list") is noise when another
-    # member took the input and refused something inside it.
+    located = [(field_path(err.get("loc", ())), err) for err in _drop_union_noise(errors)]
+    # Same at a field: "should be a list" is noise beside an error inside that field.
     paths = [path for path, _ in located]
     located = [(path, err) for path, err in located
                if not (_is_type_error(err) and any(_is_inside(other, path) for other in paths))]
@@ -85,6 +84,20 @@ def validation_error(errors: list[dict[str, Any]], *, openai: bool) -> InvalidRe
     first_path, first_errs = next(iter(by_path.items()))
     return InvalidRequestError("; ".join(messages), param=first_path or None,
                                code=_openai_code(first_errs[0]) if openai else None)
+
+
+def _drop_union_noise(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop the errors of union members that only refused the input's type ("should be a valid
+    list") when another member of the same union accepted the type and refused something in it."""
+    locs = [tuple(err.get("loc", ())) for err in errors]
+    branches = {loc[: i + 1] for loc in locs for i, part in enumerate(loc) if _is_union_tag(part)}
+
+    def informative(branch: tuple) -> bool:
+        return any(loc[: len(branch)] == branch and not _is_type_error(err) for loc, err in zip(locs, errors))
+
+    noisy = [b for b in branches if not informative(b)
+             and any(o[:-1] == b[:-1] and o != b and informative(o) for o in branches)]
+    return [err for loc, err in zip(locs, errors) if not any(loc[: len(b)] == b for b in noisy)]
 
 
 def _is_type_error(err: dict[str, Any]) -> bool:
