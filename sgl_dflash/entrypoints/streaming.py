@@ -111,15 +111,47 @@ async def run_to_completion(
             t.cancel()
 
 
-async def merge_streams(
+def merge_streams(
     tm: TokenizerManager, requests: list[GenerateRequest], reqs: list[Any]
 ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
     """Interleave the output streams of several requests as (index, output); raises
     `GenerationError` (503) when --request-timeout runs out, after aborting them."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
     timeout = tm.server_args.request_timeout
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    if len(requests) == 1:
+        return _one_stream(tm, requests[0], reqs[0], deadline, timeout)
+    return _several_streams(tm, requests, reqs, deadline, timeout)
+
+
+def _time_left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - asyncio.get_running_loop().time()
+
+
+async def _one_stream(
+    tm: TokenizerManager, request: GenerateRequest, req: Any, deadline: float | None, timeout: float | None
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    # Driven by the consumer: a consumer that stops (the client went away) leaves the request
+    # unfinished here, and closing this stream closes the request's, which aborts it.
+    stream = tm.generate(request, req)
+    try:
+        while True:
+            try:
+                out = await asyncio.wait_for(anext(stream), _time_left(deadline))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:  # wait_for cancelled the request's stream: it was aborted
+                raise _timeout_error(timeout) from None
+            yield 0, out
+    finally:
+        await stream.aclose()
+
+
+async def _several_streams(
+    tm: TokenizerManager, requests: list[GenerateRequest], reqs: list[Any], deadline: float | None,
+    timeout: float | None,
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
 
     async def pump(i: int) -> None:
         try:
@@ -133,9 +165,8 @@ async def merge_streams(
     try:
         remaining = len(tasks)
         while remaining:
-            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
             try:
-                i, item = await asyncio.wait_for(queue.get(), left)
+                i, item = await asyncio.wait_for(queue.get(), _time_left(deadline))
             except TimeoutError:
                 raise _timeout_error(timeout) from None
             if item is done:
@@ -145,5 +176,5 @@ async def merge_streams(
             else:
                 yield i, item
     finally:
-        for t in tasks:
+        for t in tasks:  # cancelling a request's task aborts it (TokenizerManager.generate)
             t.cancel()
