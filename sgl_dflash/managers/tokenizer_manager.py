@@ -197,28 +197,67 @@ class TokenizerManager:
         if request.input_ids is not None:
             return request.input_ids
         if self.tokenizer is None:
-            raise InvalidRequestError("this server runs with --skip-tokenizer-init: send input_ids, not text")
+            raise InvalidRequestError("this server runs with --skip-tokenizer-init: send input_ids, not text",
+                                      param="text")
         if request.text == "":
-            raise InvalidRequestError("the prompt is empty (text is an empty string)")
-        return self.tokenizer.encode(request.text)
+            raise InvalidRequestError("the prompt is empty (text is an empty string)", param="text")
+        try:
+            return self.tokenizer.encode(request.text)
+        except Exception as e:  # e.g. text the tokenizer's normalizer refuses
+            raise InvalidRequestError(f"the text could not be tokenized: {type(e).__name__}: {e}",
+                                      param="text") from None
 
     def prepare(self, request: GenerateRequest, input_ids: list[int] | None = None) -> Req:
-        """Tokenize and validate one request (no scheduling yet); raises `InvalidRequestError`."""
+        """Tokenize and validate one request (no scheduling yet); raises `InvalidRequestError`
+        naming the field. Lengths follow SGLang (`TokenizerManager._validate_one_request`)."""
         if request.rid in self._states:
-            raise InvalidRequestError(f"request id {request.rid!r} is already in use")
-        ids = input_ids if input_ids is not None else self.tokenize(request)
+            raise InvalidRequestError(f"request id {request.rid!r} is already in use", param="rid")
+        ids = list(input_ids if input_ids is not None else self.tokenize(request))
+        vocab = self.scheduler.worker.vocab_size
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"input_ids contain invalid token ids {bad[:5]} (vocab size {vocab})",
+                                      param="input_ids")
+        ids = self._check_context_length(request, ids)
         if request.return_logprob:
             start, top = request.logprob_start_len, request.top_logprobs_num
             if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start <= len(ids):
                 raise InvalidRequestError(
                     f"logprob_start_len must be -1 or in [0, {len(ids)}] (the number of input "
-                    f"tokens), got {start!r}"
+                    f"tokens), got {start!r}", param="logprob_start_len"
                 )
-            if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-                raise InvalidRequestError(f"top_logprobs_num must be an integer >= 0, got {top!r}")
-        req = Req(request.rid, list(ids), request.sampling_params)
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= vocab:
+                raise InvalidRequestError(f"top_logprobs_num must be an integer in [0, {vocab}] (the "
+                                          f"vocabulary size), got {top!r}", param="top_logprobs_num")
+        req = Req(request.rid, ids, request.sampling_params)
         self.scheduler.validate_request(req)  # pure checks; safe from this thread
         return req
+
+    def _check_context_length(self, request: GenerateRequest, ids: list[int]) -> list[int]:
+        """SGLang's rule: a prompt must leave room in the context, and prompt + max_new_tokens
+        (when the client chose it) must fit; with --allow-auto-truncate the prompt is cut (its
+        beginning kept) and max_new_tokens clipped instead. Returns the ids to run."""
+        limit = self.scheduler.max_req_len  # the context length, or the KV pool if smaller
+        truncate = self.server_args.allow_auto_truncate
+        if ids and len(ids) >= limit:
+            if not truncate:
+                raise InvalidRequestError(
+                    f"The input ({len(ids)} tokens) is longer than the model's context length "
+                    f"({limit} tokens).", param="input_ids" if request.text is None else "text",
+                    code="context_length_exceeded")
+            logger.warning("request %s: input of %d tokens truncated to %d", request.rid, len(ids), limit - 1)
+            ids = ids[: limit - 1]  # one position left for the first output token
+        max_new = request.sampling_params.max_new_tokens
+        if request.max_new_tokens_explicit and isinstance(max_new, int) and len(ids) + max_new > limit:
+            if not truncate:
+                raise InvalidRequestError(
+                    f"Requested token count exceeds the model's maximum context length of {limit} "
+                    f"tokens. You requested a total of {len(ids) + max_new} tokens: {len(ids)} tokens "
+                    f"from the input messages and {max_new} tokens for the completion. Please reduce "
+                    "the number of tokens in the input messages or the completion to fit within the "
+                    "limit.", param="sampling_params.max_new_tokens", code="context_length_exceeded")
+            request.sampling_params.max_new_tokens = limit - len(ids)
+        return ids
 
     async def generate(
         self,
