@@ -7,7 +7,8 @@ drafter). Per decode step, for the whole batch at once (`forward_decode` reads t
   2. verify  — ONE ragged target forward over all B-token blocks, returning logits and the aux
                hidden states of the drafter's target layers;
   3. accept  — greedy prefix match, or rejection sampling for temperature > 0 (draft and target
-               probabilities through the same temperature / top-p / top-k transform);
+               probabilities through the same temperature / top-p / top-k transform; a DFlash 2
+               drafter samples its selector's path, and q is its distribution over K candidates);
   4. commit  — the drafter receives the aux rows of exactly the a + 1 committed tokens; the step
                returns those tokens (a drafts + the new bonus) per request, and the scheduler
                moves the committed length to L + a + 1 (rejected K/V slots are simply overwritten
@@ -147,6 +148,13 @@ class DFlashWorker:
         # 1. Draft: B-1 tokens per request from one drafter forward over all blocks.
         if greedy:
             drafts = self.proposer.propose(slots, bonus)
+        elif self.proposer.config.is_dflash2:  # the selector samples its path and returns q over K
+            from torchax_proposer import dense_draft_probs
+
+            path = self.proposer.propose_path(slots, bonus, temperatures=batch.sampling_info.temperatures,
+                                              key=self.target_worker.next_key())
+            drafts = path.tokens
+            draft_probs = dense_draft_probs(path.candidates, path.probs, self.vocab_size, rows=bucket(n))
         else:
             drafts, draft_logits = self.proposer.propose(slots, bonus, return_logits=True)
             draft_probs, drafts = self._sample_drafts(np.asarray(draft_logits), batch.sampling_info)
