@@ -105,7 +105,8 @@ def engine_outputs(pair, prompt_ids):
     engine = Engine(model_path=pair[0], speculative_algorithm="DFLASH", speculative_draft_model_path=pair[1],
                     max_total_tokens=1024, max_running_requests=4)
     outs = engine.generate(input_ids=prompt_ids, sampling_params=greedy(ignore_eos=True))
-    return [o["output_ids"] for o in outs]
+    with_eos = engine.generate(input_ids=prompt_ids, sampling_params=greedy(40))
+    return [o["output_ids"] for o in outs], [o["output_ids"] for o in with_eos]
 
 
 def greedy(max_new_tokens=24, **extra) -> dict:
@@ -114,7 +115,7 @@ def greedy(max_new_tokens=24, **extra) -> dict:
 
 def test_greedy_equals_engine_and_transformers(server, pair, prompt_ids, engine_outputs):
     hf = load_hf_model(pair[0])
-    for ids, expected in zip(prompt_ids, engine_outputs):
+    for ids, expected in zip(prompt_ids, engine_outputs[0]):
         out = server.generate(input_ids=ids, sampling_params=greedy(ignore_eos=True))
         assert out["output_ids"] == expected
         with torch.no_grad():
@@ -125,6 +126,21 @@ def test_greedy_equals_engine_and_transformers(server, pair, prompt_ids, engine_
         meta = out["meta_info"]
         assert meta["spec_verify_ct"] >= 1 and meta["spec_accept_length"] >= 1.0
         assert meta["completion_tokens"] == 24
+
+
+def test_eos_and_stop_strings_cut_verified_blocks(server, prompt_ids, engine_outputs):
+    # Without ignore_eos a request ends at its EOS token, wherever it falls in a verified block.
+    for ids, expected in zip(prompt_ids, engine_outputs[1]):
+        assert server.generate(input_ids=ids, sampling_params=greedy(40))["output_ids"] == expected
+    full = server.generate(input_ids=prompt_ids[1], sampling_params=greedy(ignore_eos=True))["text"]
+    # A stop string of printable ASCII from the middle of the text (a random model's bytes are
+    # not all valid UTF-8).
+    stop = next(full[i : i + 2] for i in range(3, len(full) - 1)
+                if full[i : i + 2].isascii() and full[i : i + 2].isprintable())
+    cut = server.generate(input_ids=prompt_ids[1], sampling_params=greedy(ignore_eos=True, stop=stop))
+    assert cut["text"] == full[: full.index(stop)] and cut["meta_info"]["finish_reason"]["matched"] == stop
+    info = requests.get(server.base_url + "/server_info", timeout=30).json()
+    assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
 
 
 def test_streaming_matches(server, prompt_ids):
@@ -204,7 +220,7 @@ def test_16_concurrent_clients_with_retraction(server, prompt_ids, engine_output
     with cf.ThreadPoolExecutor(16) as pool:
         outs = list(pool.map(lambda ids: server.generate(input_ids=ids, sampling_params=greedy(ignore_eos=True)), jobs))
     for i, out in enumerate(outs):
-        assert out["output_ids"] == engine_outputs[i % len(prompt_ids)]
+        assert out["output_ids"] == engine_outputs[0][i % len(prompt_ids)]
     # 16 requests of up to 24 + 24 + BLOCK tokens do not fit in 640 KV slots at once.
     assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
 
