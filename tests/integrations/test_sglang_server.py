@@ -132,13 +132,14 @@ def test_eos_and_stop_strings_cut_verified_blocks(server, prompt_ids, engine_out
     # Without ignore_eos a request ends at its EOS token, wherever it falls in a verified block.
     for ids, expected in zip(prompt_ids, engine_outputs[1]):
         assert server.generate(input_ids=ids, sampling_params=greedy(40))["output_ids"] == expected
-    full = server.generate(input_ids=prompt_ids[1], sampling_params=greedy(ignore_eos=True))["text"]
-    # A stop string of printable ASCII from the middle of the text (a random model's bytes are
-    # not all valid UTF-8).
-    stop = next(full[i : i + 2] for i in range(3, len(full) - 1)
-                if full[i : i + 2].isascii() and full[i : i + 2].isprintable())
-    cut = server.generate(input_ids=prompt_ids[1], sampling_params=greedy(ignore_eos=True, stop=stop))
-    assert cut["text"] == full[: full.index(stop)] and cut["meta_info"]["finish_reason"]["matched"] == stop
+    # A stop string: a printable ASCII character from the middle of a text (a random model's bytes
+    # are not all valid UTF-8).
+    fulls = [server.generate(input_ids=ids, sampling_params=greedy(ignore_eos=True))["text"] for ids in prompt_ids]
+    k, stop = next((k, full[i]) for k, full in enumerate(fulls) for i in range(3, len(full))
+                   if full[i].isascii() and full[i].isprintable() and not full[i].isspace())
+    cut = server.generate(input_ids=prompt_ids[k], sampling_params=greedy(ignore_eos=True, stop=stop))
+    assert cut["text"] == fulls[k][: fulls[k].index(stop)]
+    assert cut["meta_info"]["finish_reason"]["matched"] == stop
     info = requests.get(server.base_url + "/server_info", timeout=30).json()
     assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
 
