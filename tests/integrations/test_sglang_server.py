@@ -8,16 +8,15 @@ clients, and with what it refuses (logprobs, grammar)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
-import subprocess
-import sys
+import json
 import time
 
 import pytest
 import requests
 import torch
 
-from tests.server_harness import free_port, make_byte_target
+from tests.integrations.sglang_harness import SGLangServer
+from tests.server_harness import make_byte_target
 from tests.tiny_checkpoints import load_hf_model
 from tests.tiny_draft import make_tiny_draft
 
@@ -29,47 +28,6 @@ SERVER_FLAGS = ["--chunked-prefill-size", "16", "--max-running-requests", "16", 
                 "--enable-metrics", "--log-level", "warning"]
 PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog, again and again and again.",
            "abc", "Once upon a time"]
-
-
-class SGLangServer:
-    def __init__(self, args: list[str], log_path):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *args, "--device", "cpu", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=dict(os.environ),
-        )
-        deadline = time.monotonic() + 600
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"sglang.launch_server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if requests.get(self.base_url + "/health_generate", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"sglang.launch_server did not come up:\n{self.log()}")
-            time.sleep(1)
-
-    def log(self) -> str:
-        return open(self.log_path, errors="replace").read()
-
-    def stop(self) -> None:
-        self.process.terminate()  # SGLang's launcher takes its scheduler and detokenizer down with it
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def generate(self, **body) -> dict:
-        response = requests.post(self.base_url + "/generate", json=body, timeout=600)
-        assert response.status_code == 200, response.text
-        return response.json()
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +108,6 @@ def test_streaming_matches(server, prompt_ids):
             "input_ids": prompt_ids[3], "sampling_params": greedy(ignore_eos=True), "stream": True}) as response:
         chunks = [line[len(b"data: "):] for line in response.iter_lines() if line.startswith(b"data: ")]
     assert chunks[-1] == b"[DONE]" and len(chunks) > 2
-    import json
-
     last = json.loads(chunks[-2])
     assert last["output_ids"] == full["output_ids"] and last["text"] == full["text"]
 
