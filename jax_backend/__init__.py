@@ -6,7 +6,7 @@ from jax_backend.config import CheckpointError, RopeScaling, TargetConfig
 from jax_backend.kv_cache import OutOfPages, PageAllocator
 from jax_backend.loader import load_target
 from jax_backend.paged_attention import ragged_paged_attention
-from jax_backend.runner import ContextLengthError, ForwardOutput, TargetRunner
+from jax_backend.runner import ContextLengthError, ForwardOutput, SampleOutput, TargetRunner, VerifyOutput
 
 __all__ = [
     "Batch",
@@ -18,9 +18,11 @@ __all__ = [
     "OutOfPages",
     "PageAllocator",
     "RopeScaling",
+    "SampleOutput",
     "SeqInput",
     "TargetConfig",
     "TargetRunner",
+    "VerifyOutput",
     "build_batch",
     "load_target",
     "ragged_paged_attention",

@@ -1,7 +1,8 @@
 """Host-side packing of ragged sequences into one bucketed device batch.
 
-Every shape is padded to a power of two (tokens, sequences, logit rows, the longest query block)
-and the page table width is fixed, so a steady decode loop reuses one compiled forward.
+Every shape is padded to a power of two (tokens, sequences, logit rows, the longest query block,
+the page table's width = the longest context in pages), so a steady decode loop reuses one
+compiled forward per context bucket.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Batch:
     positions: jax.Array  # i32[T]
     slot_mapping: jax.Array  # i32[T]: page * page_size + offset; padding -> scratch page 0
     kv_lens: jax.Array  # i32[S]: cached tokens after this step
-    page_indices: jax.Array  # i32[S, pages_per_seq]; unused entries -> page 0
+    page_indices: jax.Array  # i32[S, W]: W = context bucket in pages; unused entries -> page 0
     cu_q_lens: jax.Array  # i32[S + 1]
     num_seqs: jax.Array  # i32[1]
     logits_indices: jax.Array  # i32[R]: token rows whose logits are wanted
@@ -70,8 +71,15 @@ def build_batch(
     pages_per_seq: int,
     min_tokens: int = 1,
     min_seqs: int = 1,
+    min_pages: int = 1,
 ) -> tuple[Batch, BatchLayout]:
-    """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`."""
+    """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
+
+    The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
+    see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
+    pages rounded up to a power of two (at least `min_pages`, at most `pages_per_seq`; 0 when no
+    sequence has a cached prefix). Attention visits every column, a static amount of work per
+    bucket, so it never loops on a device-side length."""
     if not seqs:
         raise BatchError("build_batch needs at least one sequence")
     for i, seq in enumerate(seqs):
@@ -83,12 +91,14 @@ def build_batch(
     max_seqs = bucket(len(seqs), min_seqs)
     num_rows = bucket(sum(n_logits))
     max_q_len = min(bucket(max(q_lens)), num_tokens)
+    longest_prefix = max(s.start_pos for s in seqs)
+    width = min(pages_per_seq, bucket(-(-longest_prefix // page_size), min_pages)) if longest_prefix else 0
 
     tokens = np.zeros(num_tokens, np.int32)
     positions = np.zeros(num_tokens, np.int32)
     slots = np.zeros(num_tokens, np.int32)  # padding writes to scratch page 0
     kv_lens = np.zeros(max_seqs, np.int32)
-    page_indices = np.zeros((max_seqs, pages_per_seq), np.int32)
+    page_indices = np.zeros((max_seqs, width), np.int32)
     cu_q_lens = np.zeros(max_seqs + 1, np.int32)
     logits_indices = np.zeros(num_rows, np.int32)
 
@@ -101,7 +111,7 @@ def build_batch(
         positions[t : t + q] = pos
         slots[t : t + q] = table[pos // page_size] * page_size + pos % page_size
         kv_lens[i] = seq.start_pos + q
-        page_indices[i, : len(table)] = table
+        page_indices[i, : min(len(table), width)] = table[:width]
         cu_q_lens[i + 1] = t + q
         logits_indices[r : r + n_logits[i]] = np.arange(t + q - n_logits[i], t + q)
         token_starts.append(t)

@@ -74,6 +74,11 @@ def forward(
     mark them static when jitting).
 
     kv_pool: [num_layers, num_pages, page_size, 2*Hkv, D] (K even / V odd on axis 3).
+    params["layers"]: a dict of stacked [num_layers, ...] arrays runs the layers under one
+    `lax.scan` (compile time flat in depth); a list of per-layer dicts (`unstack_layers`) runs
+    them unrolled (no per-iteration carry copies or weight slicing; faster on accelerators,
+    slower to compile). Fused "qkv_proj" / "gate_up_proj" weights (`fuse_projections`) replace
+    the separate projections when present.
     Returns (logits [R, V] float32 for rows `batch.logits_indices`,
              aux [T, len(aux_layer_ids) * H] = concat of the OUTPUT of each layer l in
              `aux_layer_ids` (the residual stream after layer l, before any final norm; equal to
@@ -81,6 +86,20 @@ def forward(
              l = num_layers - 1 transformers reports the final-normed states instead),
              new kv_pool).
     """
+    h, aux, new_kv = _layers(params, config, kv_pool, batch, aux_layer_ids)
+    # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
+    kv_pool = write_kv(kv_pool, new_kv, batch.slot_mapping)
+    return final_logits(params, config, h, batch.logits_indices), aux, kv_pool
+
+
+def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Array) -> jax.Array:
+    """float32 logits [R, V] of hidden rows `rows` (final norm, then lm_head)."""
+    last = rms_norm(h[rows], params["norm"], config.rms_norm_eps)
+    return (last @ params["lm_head"].T).astype(jnp.float32)
+
+
+def _layers(params, config, kv_pool, batch, aux_layer_ids):
+    """Embedding and decoder layers: (h [T, H], aux [T, n_aux*H], new_kv [L, T, 2*Hkv, D])."""
     num_layers, num_pages, page_size, num_combined, head_dim = kv_pool.shape
     num_tokens = batch.tokens.shape[0]
     hidden = config.hidden_size
@@ -95,20 +114,18 @@ def forward(
     # loop made XLA:CPU copy the whole pool per layer for some shapes.
     pool = kv_pool.reshape(num_layers * num_pages, page_size, num_combined, head_dim)
     cos, sin = rope_cos_sin(config, batch.positions, dtype)
+    q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
 
-    n_aux = len(aux_layer_ids)
-    # Layer -> aux slot; non-aux layers write to a trash slot (n_aux) that is dropped at the end.
-    aux_slot = np.full(num_layers, n_aux, np.int32)
-    aux_slot[list(aux_layer_ids)] = np.arange(n_aux, dtype=np.int32)
-    aux_slot = jnp.asarray(aux_slot)
-
-    def layer(carry, xs):
-        h, aux = carry
-        w, index = xs
+    def layer(h, w, index):
         x = rms_norm(h, w["input_norm"], eps)
-        q = (x @ w["q_proj"]).reshape(num_tokens, num_heads, head_dim)
-        k = (x @ w["k_proj"]).reshape(num_tokens, num_kv_heads, head_dim)
-        v = (x @ w["v_proj"]).reshape(num_tokens, num_kv_heads, head_dim)
+        if "qkv_proj" in w:
+            qkv = x @ w["qkv_proj"]
+            q, k, v = qkv[:, :q_dim], qkv[:, q_dim : q_dim + kv_dim], qkv[:, q_dim + kv_dim :]
+        else:
+            q, k, v = x @ w["q_proj"], x @ w["k_proj"], x @ w["v_proj"]
+        q = q.reshape(num_tokens, num_heads, head_dim)
+        k = k.reshape(num_tokens, num_kv_heads, head_dim)
+        v = v.reshape(num_tokens, num_kv_heads, head_dim)
         if config.qk_norm:
             q = rms_norm(q, w["q_norm"], eps)
             k = rms_norm(k, w["k_norm"], eps)
@@ -126,22 +143,66 @@ def forward(
             sm_scale=head_dim**-0.5,
             max_q_len=batch.max_q_len,
         )
-        h = h + attn.reshape(num_tokens, num_heads * head_dim) @ w["o_proj"]
+        h = h + attn.reshape(num_tokens, q_dim) @ w["o_proj"]
 
         x = rms_norm(h, w["post_norm"], eps)
-        h = h + (jax.nn.silu(x @ w["gate_proj"]) * (x @ w["up_proj"])) @ w["down_proj"]
-        if n_aux:
-            aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
-        return (h, aux), interleave_kv(k, v)
+        if "gate_up_proj" in w:
+            gate, up = jnp.split(x @ w["gate_up_proj"], 2, axis=-1)
+        else:
+            gate, up = x @ w["gate_proj"], x @ w["up_proj"]
+        h = h + (jax.nn.silu(gate) * up) @ w["down_proj"]
+        return h, interleave_kv(k, v)
 
     h = params["embed"][batch.tokens]
+    n_aux = len(aux_layer_ids)
+    if isinstance(params["layers"], (list, tuple)):  # unrolled: static indices, no carry
+        outputs, new_kv = [], []
+        for index, w in enumerate(params["layers"]):
+            h, kv = layer(h, w, index)
+            outputs.append(h)
+            new_kv.append(kv)
+        aux = [outputs[l] for l in aux_layer_ids]
+        aux = jnp.concatenate(aux, axis=-1) if aux else jnp.zeros((num_tokens, 0), dtype)
+        return h, aux, jnp.stack(new_kv)
+
+    # Layer -> aux slot; non-aux layers write to a trash slot (n_aux) that is dropped at the end.
+    aux_slot = np.full(num_layers, n_aux, np.int32)
+    aux_slot[list(aux_layer_ids)] = np.arange(n_aux, dtype=np.int32)
+    aux_slot = jnp.asarray(aux_slot)
+
+    def scanned(carry, xs):
+        h, aux = carry
+        w, index = xs
+        h, kv = layer(h, w, index)
+        if n_aux:
+            aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
+        return (h, aux), kv
+
     aux = jnp.zeros((n_aux + 1 if n_aux else 0, num_tokens, hidden), dtype)
-    (h, aux), new_kv = jax.lax.scan(layer, (h, aux), (params["layers"], jnp.arange(num_layers)))
-
-    # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
-    kv_pool = write_kv(kv_pool, new_kv, batch.slot_mapping)
-
-    last = rms_norm(h[batch.logits_indices], params["norm"], eps)
-    logits = (last @ params["lm_head"].T).astype(jnp.float32)
+    (h, aux), new_kv = jax.lax.scan(scanned, (h, aux), (params["layers"], jnp.arange(num_layers)))
     aux = aux[:n_aux].transpose(1, 0, 2).reshape(num_tokens, n_aux * hidden)
-    return logits, aux, kv_pool
+    return h, aux, new_kv
+
+
+def unstack_layers(params: dict) -> dict:
+    """params with "layers" as a list of per-layer dicts (the unrolled layout of `forward`)."""
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        return params
+    num_layers = next(iter(layers.values())).shape[0]
+    return {**params, "layers": [{name: w[i] for name, w in layers.items()} for i in range(num_layers)]}
+
+
+def fuse_projections(params: dict) -> dict:
+    """params with q/k/v fused into "qkv_proj" [.., H, q+2kv] and gate/up into "gate_up_proj"
+    [.., H, 2I] (fewer, wider matmuls; same numbers up to float summation order)."""
+
+    def fuse(w: dict) -> dict:
+        w = dict(w)
+        w["qkv_proj"] = jnp.concatenate([w.pop("q_proj"), w.pop("k_proj"), w.pop("v_proj")], axis=-1)
+        w["gate_up_proj"] = jnp.concatenate([w.pop("gate_proj"), w.pop("up_proj")], axis=-1)
+        return w
+
+    layers = params["layers"]
+    fused = [fuse(w) for w in layers] if isinstance(layers, (list, tuple)) else fuse(layers)
+    return {**params, "layers": fused}

@@ -13,8 +13,11 @@ ref_ragged_paged_attention` (the TPU kernel's reference), so a Pallas kernel can
 How (static shapes, cost proportional to the real context, not to the page-table width):
 - each sequence's queries are gathered into a dense [max_q_len] block (`max_q_len` static);
 - the cache is visited in chunks of `chunk_tokens` positions with an online softmax (flash
-  attention style); the number of chunks is the dynamic trip count of a while loop, set by the
-  longest real sequence, so a longer context needs no recompilation;
+  attention style) over EVERY column of `page_indices`: the number of chunks is static (XLA knows
+  the loop's trip count; on GPU a data-dependent trip count is read on the host every iteration).
+  The caller sizes the page table to the batch's context: `jax_backend.batch` makes its width the
+  longest cached prefix in pages rounded up to a power of two, so the cost follows the real
+  context within 2x and a growing context compiles once per bucket, not per length;
 - results are gathered back to the packed token rows.
 
 `prefix_block_attention` is the variant the model uses: the pages hold only the cached prefix
@@ -87,17 +90,16 @@ def _online_softmax_step(state, q, keys, values, visible, sm_scale, mask_value):
     return _SoftmaxState(m_new, l_new, alpha[..., None] * state.acc + pv)
 
 
-def _attend_pages(state, q, kv_pages, page_indices, limit, longest, *, sm_scale, mask_value, chunk_tokens):
-    """Fold cache positions k < limit[s, j] into the state, chunk by chunk, visiting only the
-    chunks below `longest` (a traced scalar: the while loop's trip count)."""
+def _attend_pages(state, q, kv_pages, page_indices, limit, *, sm_scale, mask_value, chunk_tokens):
+    """Fold cache positions k < limit[s, j] into the state, chunk by chunk over all the pages of
+    `page_indices` (a static number of chunks; columns past a sequence's pages point at the
+    scratch page 0 and are masked by `limit`)."""
     _, page_size, num_combined, head_dim = kv_pages.shape
     max_seqs, pages_per_seq = page_indices.shape
     chunk_pages = max(1, min(chunk_tokens // page_size, pages_per_seq))
     chunk = chunk_pages * page_size
-    padded = -(-pages_per_seq // chunk_pages) * chunk_pages
-    # Extra columns point at page 0 (scratch); their positions are >= every limit, so masked.
-    page_indices = jnp.pad(page_indices, ((0, 0), (0, padded - pages_per_seq)))
-    num_chunks = jnp.minimum(-(-longest // chunk), padded // chunk_pages)
+    num_chunks = -(-pages_per_seq // chunk_pages)
+    page_indices = jnp.pad(page_indices, ((0, 0), (0, num_chunks * chunk_pages - pages_per_seq)))
 
     def body(c, state):
         pages = jax.lax.dynamic_slice_in_dim(page_indices, c * chunk_pages, chunk_pages, axis=1)
@@ -106,6 +108,8 @@ def _attend_pages(state, q, kv_pages, page_indices, limit, longest, *, sm_scale,
         visible = positions[None, None, :] < limit[:, :, None]
         return _online_softmax_step(state, q, kv[:, :, :, 0], kv[:, :, :, 1], visible, sm_scale, mask_value)
 
+    if num_chunks <= 1:  # no loop at all for a short context (0 chunks: no cached prefix)
+        return body(0, state) if num_chunks else state
     return jax.lax.fori_loop(0, num_chunks, body, state)
 
 
@@ -167,10 +171,8 @@ def ragged_paged_attention(
     q = _dense_queries(queries, layout, kv_pages.shape[2] // 2)
 
     q_pos = (kv_lens - layout.q_lens)[:, None] + jnp.arange(max_q_len)[None, :]
-    seq_valid = jnp.arange(kv_lens.shape[0]) < num_seqs[0]
-    longest = jnp.max(jnp.where(seq_valid, kv_lens, 0))
     state = _attend_pages(
-        _init_state(q, mask_value), q, kv_pages, page_indices, q_pos + 1, longest,
+        _init_state(q, mask_value), q, kv_pages, page_indices, q_pos + 1,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
     )
     return _finish(state, layout, queries.dtype, num_q_heads)
@@ -202,11 +204,9 @@ def prefix_block_attention(
     q = _dense_queries(queries, layout, num_kv_heads)
 
     prefix_lens = kv_lens - layout.q_lens
-    seq_valid = jnp.arange(kv_lens.shape[0]) < num_seqs[0]
-    longest = jnp.max(jnp.where(seq_valid, prefix_lens, 0))
     limit = jnp.broadcast_to(prefix_lens[:, None], layout.rows.shape)
     state = _attend_pages(
-        _init_state(q, mask_value), q, kv_pages, page_indices, limit, longest,
+        _init_state(q, mask_value), q, kv_pages, page_indices, limit,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
     )
     j = jnp.arange(max_q_len)

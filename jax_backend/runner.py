@@ -1,20 +1,21 @@
-"""TargetRunner: the target model's params, paged KV pool and one jitted forward."""
+"""TargetRunner: the target model's params, paged KV pool and its jitted steps (forward, sample, verify)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import model
+from jax_backend import model, sampling, steps
 from jax_backend.batch import BatchError, SeqInput, build_batch
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.loader import load_target
+from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
 
 
 class ContextLengthError(ValueError):
@@ -29,6 +30,27 @@ class ForwardOutput:
 
     logits: list[np.ndarray]
     aux_hidden: list[jax.Array] | tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """`tokens`: np.int32 [n], one sampled token per sequence (from its last position);
+    `aux_hidden` as in `ForwardOutput`."""
+
+    tokens: np.ndarray
+    aux_hidden: list[jax.Array] | tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOutput:
+    """Per block: `accepted` drafts (np.int32 [n]), the target's `bonus` token after them
+    (np.int32 [n]), and `features` [S, B, n_aux*H] (device; rows >= n are padding): the drafter's
+    context features (`hidden_state_features`) of every block row; sequence i commits rows
+    0 .. accepted[i]."""
+
+    accepted: np.ndarray
+    bonus: np.ndarray
+    features: jax.Array
 
 
 class TargetRunner:
@@ -49,7 +71,14 @@ class TargetRunner:
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         aux_layer_ids: Sequence[int] = (),
+        unroll_layers: bool = False,
+        fuse_projections: bool = False,
     ):
+        """`unroll_layers`: run the decoder layers as straight-line code instead of one
+        `lax.scan` (no per-layer carry copies or weight slicing: faster on a GPU per an H100
+        experiment, but slower to compile; on CPU measured 5x slower, 1118 fusions per step).
+        `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
+        Both change XLA's float summation order only (results within float rounding)."""
         self.config, self.params = load_target(model_dir, dtype)
         config = self.config
         aux_layer_ids = tuple(int(l) for l in aux_layer_ids)
@@ -84,10 +113,22 @@ class TargetRunner:
             self.params["embed"].dtype,
         )
 
+        self.unroll_layers, self.fuse_projections = unroll_layers, fuse_projections
+        # The step's view of the weights; `self.params` keeps the loaded (stacked) layout.
+        self._step_params = self.params
+        if fuse_projections:
+            self._step_params = model.fuse_projections(self._step_params)
+        if unroll_layers:
+            self._step_params = model.unstack_layers(self._step_params)
+
         def step(params, kv_pool, batch):
             return model.forward(params, config, kv_pool, batch, aux_layer_ids)
 
         self._step = jax.jit(step, donate_argnums=1)
+        last = config.num_hidden_layers - 1
+        self._norm_block = aux_layer_ids.index(last) if last in aux_layer_ids else None
+        self._sample_steps: dict[str, Callable] = {}  # by sampling mode
+        self._verify_steps: dict[str, Callable] = {}
 
     @property
     def embed(self) -> jax.Array:
@@ -101,18 +142,113 @@ class TargetRunner:
         """Aux rows [q, n_aux*H] of `forward` as transformers' `hidden_states[l + 1]` (z-lab's
         drafter features): each layer's output, except that transformers reports the LAST layer
         after the final norm, so that block (if captured) is normed here."""
-        last = self.config.num_hidden_layers - 1
-        if last not in self.aux_layer_ids:
+        if self._norm_block is None:
             return aux
-        block = self.aux_layer_ids.index(last)
-        return _norm_block(aux, self.params["norm"], block, self.config.hidden_size, self.config.rms_norm_eps)
+        return _norm_features(aux, self.params["norm"], self._norm_block, self.config)
 
     def num_compilations(self) -> int:
-        """Number of distinct compiled versions of the jitted forward so far."""
-        return self._step._cache_size()
+        """Number of distinct compiled versions of the jitted steps so far."""
+        jitted = [self._step, *self._sample_steps.values(), *self._verify_steps.values()]
+        return sum(fn._cache_size() for fn in jitted)
 
     def forward(self, seqs: Sequence[SeqInput]) -> ForwardOutput:
         """Run prefill chunks, decodes and verify blocks for several sequences in one batch."""
+        batch, layout = self._batch(seqs)
+        logits, aux, self.kv_pool = self._step(self._step_params, self.kv_pool, batch)
+
+        logits = np.asarray(logits)
+        per_seq_logits = [
+            logits[start : start + n] for start, n in zip(layout.logit_starts, layout.num_logits)
+        ]
+        return ForwardOutput(per_seq_logits, self._aux_rows(aux, layout))
+
+    def sample(
+        self,
+        seqs: Sequence[SeqInput],
+        temperature: Sequence[float],
+        top_p: Sequence[float],
+        top_k: Sequence[int],
+        key: jax.Array | None = None,
+    ) -> SampleOutput:
+        """`forward`, then one token per sequence from its last position, sampled on the device
+        with per-sequence parameters (as `sampling.sample`: temperature <= 0 is the argmax; the
+        same draws for the same key and logits). Only the token ids come back to the host."""
+        if any(seq.logits != "last" for seq in seqs):
+            raise BatchError("sample: every sequence must ask for logits='last'")
+        batch, layout = self._batch(seqs)
+        rows = batch.logits_indices.shape[0]
+        arrays = _per_row(rows, 1, temperature, top_p, top_k)
+        mode = sampling.sampling_mode(*arrays, self.config.vocab_size)
+        if mode != "greedy" and key is None:
+            raise BatchError("sample: sampling (temperature > 0) needs a key")
+        fn = self._jitted(self._sample_steps, mode, steps.sample_step)
+        tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
+        return SampleOutput(np.asarray(tokens)[: len(seqs)], self._aux_rows(aux, layout))
+
+    def verify(
+        self,
+        seqs: Sequence[SeqInput],
+        temperature: Sequence[float] | None = None,
+        top_p: Sequence[float] | None = None,
+        top_k: Sequence[int] | None = None,
+        draft_probs: jax.Array | None = None,
+        key: jax.Array | None = None,
+    ) -> VerifyOutput:
+        """Verify one block per sequence: token_ids = [bonus, d_1 .. d_{B-1}] (the same B for all),
+        logits "all". Greedy (no temperature, or all <= 0): accept while the drafts equal the
+        target's argmax (`sampling.greedy_accept`). Otherwise rejection sampling
+        (`sampling.rejection_accept`) with `draft_probs` q [bucket(n), B-1, V] and `key`; rows of
+        a greedy sequence get one-hot p and q, which is greedy acceptance exactly."""
+        block = len(seqs[0].token_ids) if seqs else 0
+        if block < 2 or any(len(seq.token_ids) != block or seq.logits != "all" for seq in seqs):
+            raise BatchError("verify: every sequence needs the same block of >= 2 tokens and logits='all'")
+        if not self.aux_layer_ids:
+            raise BatchError("verify returns the drafter's features: the runner needs aux_layer_ids")
+        batch, layout = self._batch(seqs)
+        num_seqs = batch.kv_lens.shape[0]
+        n = len(seqs)
+        offsets = np.arange(block, dtype=np.int32)[None, :]
+        block_rows = np.zeros((num_seqs, block), np.int32)
+        token_rows = np.zeros((num_seqs, block), np.int32)
+        block_rows[:n] = np.asarray(layout.logit_starts, np.int32)[:, None] + offsets
+        token_rows[:n] = np.asarray(layout.token_starts, np.int32)[:, None] + offsets
+        drafts = np.zeros((num_seqs, block - 1), np.int32)
+        drafts[:n] = [seq.token_ids[1:] for seq in seqs]
+        greedy = temperature is None
+        if not greedy:
+            arrays = _per_row(num_seqs, block, temperature, top_p, top_k)
+            mode = sampling.sampling_mode(*arrays, self.config.vocab_size)
+            greedy = mode == "greedy"
+        if greedy:
+            mode, arrays, draft_probs, key = "greedy", (None, None, None), None, None
+        elif draft_probs is None or key is None or draft_probs.shape[:2] != (num_seqs, block - 1):
+            raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
+        fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
+        accepted, bonus, features, self.kv_pool = fn(
+            self._step_params, self.kv_pool, batch, *jax.device_put((block_rows, token_rows, drafts)),
+            *arrays, draft_probs, key,
+        )
+        return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
+
+    # -- internals --------------------------------------------------------------------------
+    def _jitted(self, cache: dict, mode: str, body: Callable, **static) -> Callable:
+        if mode not in cache:
+            cache[mode] = jax.jit(
+                functools.partial(body, config=self.config, aux_layer_ids=self.aux_layer_ids, mode=mode, **static),
+                donate_argnums=1,
+            )
+        return cache[mode]
+
+    def _aux_rows(self, aux: jax.Array, layout) -> list[jax.Array] | tuple:
+        if not self.aux_layer_ids:
+            return ()
+        # dynamic_slice: one tiny compiled slice per q_len, not per offset.
+        return [
+            jax.lax.dynamic_slice_in_dim(aux, start, q)
+            for start, q in zip(layout.token_starts, layout.q_lens)
+        ]
+
+    def _batch(self, seqs: Sequence[SeqInput]):
         if len(seqs) > self.max_num_seqs:
             raise BatchError(f"{len(seqs)} sequences exceed max_num_seqs {self.max_num_seqs}")
         vocab = self.config.vocab_size
@@ -129,27 +265,21 @@ class TargetRunner:
 
         # min_tokens=2: with a single token row XLA:CPU lowers the KV write to a
         # dynamic-update-slice and copies the whole pool first; one padding row avoids that.
-        batch, layout = build_batch(
-            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_tokens=2
+        return build_batch(
+            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_tokens=2,
+            min_pages=max(1, DEFAULT_CHUNK_TOKENS // self.page_size),
         )
-        logits, aux, self.kv_pool = self._step(self.params, self.kv_pool, batch)
-
-        logits = np.asarray(logits)
-        per_seq_logits = [
-            logits[start : start + n] for start, n in zip(layout.logit_starts, layout.num_logits)
-        ]
-        if not self.aux_layer_ids:
-            return ForwardOutput(per_seq_logits, ())
-        # dynamic_slice: one tiny compiled slice per q_len, not per offset.
-        per_seq_aux = [
-            jax.lax.dynamic_slice_in_dim(aux, start, q)
-            for start, q in zip(layout.token_starts, layout.q_lens)
-        ]
-        return ForwardOutput(per_seq_logits, per_seq_aux)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _norm_block(aux: jax.Array, weight: jax.Array, block: int, hidden: int, eps: float) -> jax.Array:
-    """Apply the final RMSNorm to feature block `block` (columns block*H .. (block+1)*H)."""
-    columns = slice(block * hidden, (block + 1) * hidden)
-    return aux.at[:, columns].set(model.rms_norm(aux[:, columns], weight, eps))
+def _per_row(rows: int, repeat: int, temperature, top_p, top_k) -> tuple[np.ndarray, ...]:
+    """Per-sequence sampling parameters repeated `repeat` times per sequence and padded (greedy,
+    no filter) to rows * repeat rows."""
+    out = (np.zeros(rows * repeat, np.float32), np.ones(rows * repeat, np.float32), np.zeros(rows * repeat, np.int32))
+    for array, values in zip(out, (temperature, top_p, top_k)):
+        values = np.repeat(np.asarray(values, array.dtype), repeat)
+        array[: len(values)] = values
+    out[2][:] = np.maximum(out[2], 0)
+    return out
+
+
+_norm_features = jax.jit(steps.norm_features, static_argnums=(2, 3))

@@ -71,6 +71,33 @@ def _filtered_probs(
     return jnp.take_along_axis(sorted_probs, inverse, axis=-1)
 
 
+def sampling_mode(temperature, top_p, top_k, vocab: int) -> str:
+    """The host's choice of sampling program for per-row parameters (numpy arrays):
+    "greedy" (every row temperature <= 0: an argmax), "plain" (softmax), or "filtered"
+    (some row uses top-k or top-p: the vocabulary sort)."""
+    temperature, top_p, top_k = np.asarray(temperature), np.asarray(top_p), np.asarray(top_k)
+    if not np.any(temperature > 0):
+        return "greedy"
+    if np.any((top_k > 0) & (top_k < vocab)) or np.any(top_p < 1.0):
+        return "filtered"
+    return "plain"
+
+
+def probs_for_mode(logits: jax.Array, temperature, top_p, top_k, mode: str) -> jax.Array:
+    """`probs` with the program chosen beforehand (`sampling_mode`); usable inside a jit."""
+    if mode == "filtered":
+        return _filtered_probs(logits, temperature, top_p, top_k)
+    return _plain_probs(logits, temperature)
+
+
+def sample_for_mode(logits: jax.Array, temperature, top_p, top_k, key, mode: str) -> jax.Array:
+    """`sample` with the program chosen beforehand (`sampling_mode`); usable inside a jit and
+    the same computation as `sample` (same draws for the same key and logits)."""
+    if mode == "greedy":
+        return _argmax(logits)
+    return _draw(logits, probs_for_mode(logits, temperature, top_p, top_k, mode), temperature, key)
+
+
 def sample(
     logits: jax.Array,
     temperature: jax.Array,

@@ -38,6 +38,11 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     log_level: str = "info"
+    # Request limits (HTTP server). SGLang's flag: clip prompt / max_new_tokens to the context
+    # instead of refusing the request.
+    allow_auto_truncate: bool = False
+    max_request_body_bytes: int = 32 * 1024 * 1024  # larger bodies get 413
+    request_timeout: float | None = None  # seconds from validation to the last token; then 503
     # Engine only (no CLI flag): NONE records these target layers' outputs for every token and
     # returns them as meta_info["aux_hidden_states"] (drafter training data in one pass).
     aux_hidden_layers: tuple[int, ...] | None = None
@@ -82,6 +87,12 @@ class ServerArgs:
         _require_int(self.max_prefill_tokens, "--max-prefill-tokens", minimum=1)
         _require_int(self.random_seed, "--random-seed", minimum=0)
         _require_int(self.port, "--port", minimum=0)
+        _require_int(self.max_request_body_bytes, "--max-request-body-bytes", minimum=1)
+        if self.request_timeout is not None and (
+            isinstance(self.request_timeout, bool) or not isinstance(self.request_timeout, (int, float))
+            or not 0 < self.request_timeout < float("inf")
+        ):
+            raise ServerArgsError(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout!r}")
         max_positions = int(target.get("max_position_embeddings") or 0)
         if self.context_length is None:
             self.context_length = max_positions or self.max_total_tokens
@@ -154,6 +165,13 @@ class ServerArgs:
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)
         add("--log-level", default=d["log_level"].default, choices=LOG_LEVELS)
+        add("--allow-auto-truncate", action="store_true",
+            help="truncate prompts longer than the context and clip max_new_tokens to the room left, "
+                 "instead of refusing the request (400)")
+        add("--max-request-body-bytes", type=int, default=d["max_request_body_bytes"].default,
+            help="refuse larger request bodies with 413")
+        add("--request-timeout", type=float, default=None,
+            help="seconds a request may take (queued + running); then it is aborted (503)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

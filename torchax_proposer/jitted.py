@@ -41,6 +41,7 @@ class JittedDrafter:
             self._counted(functools.partial(extend_cache, skeleton)), donate_argnames=("k_cache", "v_cache")
         )
         self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows", "dtype"))
+        self.split_rows = jax.jit(self._counted(_split_rows), static_argnames=("num_rows", "dtype"))
 
     def _counted(self, fn):
         # Runs only while jax traces, i.e. once per new input signature = once per compilation.
@@ -60,3 +61,9 @@ def jitted_drafter(config: DFlashConfig, block_size: int) -> JittedDrafter:
 
 def _pad_rows(rows: jax.Array, *, num_rows: int, dtype) -> jax.Array:
     return jnp.zeros((num_rows, rows.shape[1]), dtype).at[: rows.shape[0]].set(rows.astype(dtype))
+
+
+def _split_rows(block: jax.Array, *, num_rows: int, dtype) -> tuple[jax.Array, ...]:
+    """[S, B, F] -> S arrays [num_rows, F] (rows past B zero)."""
+    padded = jnp.zeros((block.shape[0], num_rows, block.shape[2]), dtype).at[:, : block.shape[1]].set(block.astype(dtype))
+    return tuple(padded)

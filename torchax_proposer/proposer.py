@@ -270,6 +270,35 @@ class DFlashProposer:
             state.pending = self._jit.pad_rows(rows, num_rows=self.pending_bucket, dtype=self.dtype)
             state.num_pending = count + 1
 
+    def commit_block(self, seq_ids: Sequence[Any], accepted_counts: Any, features: jax.Array) -> None:
+        """`commit` for a whole verify batch at once: features [S >= n, B, n_aux*H] holds the
+        target's features of every block row (`TargetRunner.verify`); sequence i commits rows
+        0 .. accepted_counts[i]. The rows stay on the device: one split, no per-sequence slicing."""
+        counts = [int(a) for a in np.asarray(accepted_counts).reshape(-1)]
+        states = [self._state(s) for s in seq_ids]
+        if len(counts) != len(states) or features.ndim != 3 or features.shape[0] < len(states):
+            raise DrafterStateError(
+                f"commit_block got {len(states)} ids, {len(counts)} accepted counts, features {tuple(features.shape)}"
+            )
+        if features.shape[1] > self.pending_bucket or features.shape[2] != self.num_features:
+            raise DrafterStateError(
+                f"features {tuple(features.shape)}: expected [n, <= {self.pending_bucket}, {self.num_features}]"
+            )
+        for seq_id, state, count in zip(seq_ids, states, counts):
+            if not 0 <= count <= min(self.block_size, features.shape[1]) - 1:
+                raise DrafterStateError(f"sequence {seq_id!r}: accepted count {count} outside the block")
+            if state.committed_len + count + 1 > self.max_context_len:
+                raise DrafterStateError(
+                    f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
+                    f"max_context_len={self.max_context_len}"
+                )
+        for state in states:
+            if state.num_pending:  # two commits without a propose between: flush the older rows
+                self._extend(state, state.pending[None], state.num_pending)
+        rows = self._jit.split_rows(features, num_rows=self.pending_bucket, dtype=self.dtype)
+        for state, count, pending in zip(states, counts, rows):
+            state.pending, state.num_pending = pending, count + 1
+
     # ---- internals ----------------------------------------------------------------------------
 
     def _draft_batch(self, seq_ids: Sequence[Any], bonus_tokens: Any) -> tuple[list[_SeqState], tuple, int] | None:
@@ -294,7 +323,9 @@ class DFlashProposer:
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
         features = tuple(s.pending if s.pending is not None else self._no_rows for s in states)
         features += (self._no_rows,) * pad
-        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(int(cache_lens.max()))))
+        # The window covers the committed context (cached + pending rows, written first).
+        longest = int((cache_lens + new_lens).max())
+        read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(longest)))
         inputs = (
             features,
             *jax.device_put([new_lens, cache_lens, slots]),

@@ -23,17 +23,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sgl_dflash.entrypoints.protocol import AbortReqInput, GenerateReqInput, normalize
-from sgl_dflash.entrypoints.streaming import (
-    SSE_DONE,
-    describe_validation_errors,
+from sgl_dflash.entrypoints.http_errors import (
     error_chunk,
     error_response,
-    merge_streams,
-    parse_body,
-    run_to_completion,
-    sse,
+    exception_response,
+    is_openai_path,
+    validation_error,
 )
+from sgl_dflash.entrypoints.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from sgl_dflash.entrypoints.protocol import AbortReqInput, GenerateReqInput, json_body, normalize
+from sgl_dflash.entrypoints.streaming import SSE_DONE, merge_streams, parse_body, run_to_completion, sse
 from sgl_dflash.errors import GenerationError, InvalidRequestError
 from sgl_dflash.managers.io_struct import GenerateRequest
 from sgl_dflash.managers.tokenizer_manager import TokenizerManager
@@ -44,35 +43,6 @@ from sgl_dflash.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 HEALTH_GENERATE_TIMEOUT_S = 30.0
-# Open without an API key, like SGLang (probes and Prometheus scrapes carry no secrets).
-UNAUTHENTICATED_PREFIXES = ("/health", "/ready", "/metrics")
-
-
-# -- API key --------------------------------------------------------------------------------
-class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on every route but health/metrics. Pure ASGI (not
-    BaseHTTPMiddleware) so client disconnects still reach streaming responses."""
-
-    def __init__(self, app: Any, api_key: str):
-        self.app = app
-        self.api_key = api_key
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(
-            UNAUTHENTICATED_PREFIXES
-        ):
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.api_key):
-            message = "missing API key" if not auth else "invalid API key"
-            await error_response(f"Unauthorized: {message} (send 'Authorization: Bearer <key>')", 401)(
-                scope, receive, send
-            )
-            return
-        await self.app(scope, receive, send)
 
 
 # -- app ------------------------------------------------------------------------------------
@@ -90,29 +60,31 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
 
     app = FastAPI(title="sgl-dflash", lifespan=lifespan)
     app.state.tokenizer_manager = tm
+    # Added last = runs first: oversized bodies are refused before the key is even checked.
     if server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_args.max_request_body_bytes)
 
+    # Every error answers in the format of its API: SGLang's natively, OpenAI's on /v1/*.
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(describe_validation_errors(exc.errors()), 400)
+        return exception_response(validation_error(exc.errors(), openai=is_openai_path(request.url.path)),
+                                  request.url.path)
 
     @app.exception_handler(InvalidRequestError)
-    async def _request_error(request: Request, exc: InvalidRequestError) -> JSONResponse:
-        return error_response(str(exc), exc.status_code)
-
     @app.exception_handler(GenerationError)
-    async def _generation_error(request: Request, exc: GenerationError) -> JSONResponse:
-        return error_response(str(exc), exc.status_code)
+    async def _request_error(request: Request, exc: InvalidRequestError | GenerationError) -> JSONResponse:
+        return exception_response(exc, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code)
+        return error_response(str(exc.detail), exc.status_code, openai=is_openai_path(request.url.path))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
-        return error_response(f"internal server error: {type(exc).__name__}: {exc}", 500)
+        return error_response(f"internal server error: {type(exc).__name__}", 500,
+                              openai=is_openai_path(request.url.path))
 
     # -- native API ---------------------------------------------------------------------
     @app.get("/health")
@@ -172,13 +144,14 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
             "version": _version(),
         }
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache")
+    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         if await tm.flush_cache():
             return Response(content="Cache flushed.\n", status_code=200)
-        return Response(content="Cache not flushed: requests are running or waiting.\n", status_code=400)
+        return error_response("Cache not flushed: requests are running or waiting.", 400)
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", openapi_extra=json_body(AbortReqInput))
     async def abort_request(request: Request) -> Response:
         body = await parse_body(request, AbortReqInput)
         tm.abort(body.rid)
@@ -189,7 +162,8 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
         tm.metrics.update_scheduler_gauges(tm.get_internal_state(), server_args.page_size)
         return Response(content=tm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.post("/generate", openapi_extra=json_body(GenerateReqInput))
+    @app.put("/generate", openapi_extra=json_body(GenerateReqInput))
     async def generate(request: Request) -> Response:
         obj = await parse_body(request, GenerateReqInput)
         requests, is_batch = normalize(obj)
@@ -200,9 +174,32 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
         return JSONResponse(outputs if is_batch else outputs[0])
 
     from sgl_dflash.entrypoints.openai_api import add_openai_routes
+    from sgl_dflash.entrypoints.openai_protocol import ChatCompletionRequest, CompletionRequest
 
     add_openai_routes(app, tm)
+    publish_body_schemas(app, [GenerateReqInput, AbortReqInput, CompletionRequest, ChatCompletionRequest])
     return app
+
+
+# -- OpenAPI --------------------------------------------------------------------------------
+# Routes parse their bodies themselves (`parse_body`: any content type, SGLang's or OpenAI's
+# error format), so FastAPI does not see the body models: they are published here, so that
+# /openapi.json (and clients or fuzzers generated from it) carry the same rules.
+def publish_body_schemas(app: FastAPI, models: list[type]) -> None:
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(model_schema.pop("$defs", {}))
+                components[model.__name__] = model_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 async def _stream(

@@ -1,146 +1,33 @@
 """OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions.
 
-Requests map onto the same `GenerateRequest`s as /generate. OpenAI fields this server does not
-implement are accepted only at their neutral value and refused by name otherwise; unknown
-fields are refused. Response and chunk shapes follow OpenAI (and SGLang's `matched_stop`).
+Requests (schemas and their rules: `openai_protocol.py`) map onto the same `GenerateRequest`s as
+/generate. `model` must name the served model (or `default`), else 404 `model_not_found`.
+Errors answer in OpenAI's format, naming the OpenAI field (`max_tokens`, `prompt`, `messages`).
+Response and chunk shapes follow OpenAI (and SGLang's `matched_stop`).
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 
-from sgl_dflash.entrypoints.protocol import is_neutral, to_sampling_params
-from sgl_dflash.entrypoints.streaming import SSE_DONE, error_chunk, merge_streams, parse_body, run_to_completion, sse
+from sgl_dflash.entrypoints.http_errors import error_chunk
+from sgl_dflash.entrypoints.openai_protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from sgl_dflash.entrypoints.protocol import json_body, new_request_id
+from sgl_dflash.entrypoints.streaming import SSE_DONE, merge_streams, parse_body, run_to_completion, sse
 from sgl_dflash.errors import GenerationError, InvalidRequestError
 from sgl_dflash.managers.io_struct import GenerateRequest
+from sgl_dflash.managers.schedule_batch import Req
 from sgl_dflash.managers.tokenizer_manager import TokenizerManager
-from sgl_dflash.sampling_params import SamplingParams
 
-# OpenAI fields that are accepted only when they ask for nothing (value -> allowed values).
-UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "suffix": (None,),
-    "seed": (None,),
-    "logit_bias": (None,),
-    "tools": (None,),
-    "tool_choice": (None, "none"),
-    "response_format": (None,),
-    "continue_final_message": (None, False),
-}
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
-
-
-class _SamplingFields(BaseModel):
-    """Fields shared by completions and chat: OpenAI's plus SGLang's sampling extensions."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    min_tokens: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    user: str | None = None
-    rid: str | None = None
-
-    def check_unsupported(self) -> None:
-        for name, allowed in UNSUPPORTED_FIELDS.items():
-            value = getattr(self, name, None)
-            if not is_neutral(value, allowed):
-                raise InvalidRequestError(f"'{name}'={value!r} is not supported by this server")
-
-    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
-        params = {
-            "max_new_tokens": max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "stop": self.stop,
-            "stop_token_ids": self.stop_token_ids,
-            "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": self.skip_special_tokens,
-            "min_new_tokens": self.min_tokens,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-        }
-        try:
-            return to_sampling_params(params, where="request")
-        except InvalidRequestError as e:  # name the OpenAI field, not its SGLang counterpart
-            message = str(e).replace("request.max_new_tokens", "max_tokens")
-            raise InvalidRequestError(message.replace("request.min_new_tokens", "min_tokens").replace("request.", "")) from None
-
-
-class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for completions
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    continue_final_message: bool = False
+# Model names every server answers to besides its own: SGLang's and OpenAI examples use "default".
+MODEL_ALIASES = ("default",)
+# Chat template arguments this server sets itself.
+RESERVED_TEMPLATE_KWARGS = ("tokenize", "add_generation_prompt", "return_dict", "continue_final_message")
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -169,17 +56,45 @@ def _delta(previous: str, text: str) -> str:
     return text[common:]
 
 
+def _openai_names(e: InvalidRequestError, prompt_field: str, max_tokens_field: str) -> InvalidRequestError:
+    """An admission error with the runtime's field names -> the same with the OpenAI request's."""
+    param = e.param
+    if param in ("input_ids", "text"):
+        param = prompt_field
+    elif param == "sampling_params.max_new_tokens":
+        param = max_tokens_field
+    elif param is not None and param.startswith("sampling_params."):
+        param = param.removeprefix("sampling_params.")
+    message = str(e).replace("sampling_params.max_new_tokens", max_tokens_field).replace("sampling_params.", "")
+    return InvalidRequestError(message, e.status_code, param=param, code=e.code)
+
+
 def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     server_args = tm.server_args
+    model_names = {tm.served_model_name, server_args.model_path, *MODEL_ALIASES}
 
-    def prompt_room_params(req_fields: _SamplingFields, max_tokens: int | None) -> SamplingParams:
+    def check_model(body: _SamplingFields) -> None:
+        if body.model not in model_names:
+            raise InvalidRequestError(
+                f"The model `{body.model}` does not exist (this server serves `{tm.served_model_name}`).",
+                404, param="model", code="model_not_found")
+
+    def make_request(body: _SamplingFields, rid: str, max_tokens: int | None) -> GenerateRequest:
         # No limit given: generate until the context is full (admission clips to the room left).
         limit = max_tokens if max_tokens is not None else tm.scheduler.max_req_len
-        return req_fields.sampling_params(limit)
+        return GenerateRequest(rid=rid, sampling_params=body.sampling_params(limit), stream=body.is_stream,
+                               max_new_tokens_explicit=max_tokens is not None)
 
-    def require_tokenizer(what: str) -> None:
+    def prepare(requests: list[GenerateRequest], prompt_field: str, max_tokens_field: str) -> list[Req]:
+        try:
+            return [tm.prepare(r) for r in requests]  # all validated before any is scheduled
+        except InvalidRequestError as e:
+            raise _openai_names(e, prompt_field, max_tokens_field) from None
+
+    def require_tokenizer(what: str, param: str) -> None:
         if tm.tokenizer is None:
-            raise InvalidRequestError(f"{what} needs a tokenizer; this server runs with --skip-tokenizer-init")
+            raise InvalidRequestError(f"{what} needs a tokenizer; this server runs with --skip-tokenizer-init",
+                                      param=param)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -196,32 +111,29 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         }
 
     # -- completions ------------------------------------------------------------------------
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
+        check_model(body)
         body.check_unsupported()
         prompts = body.prompt
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or isinstance(prompts[0], int):
             prompts = [prompts]
-        if not prompts:
-            raise InvalidRequestError("the prompt is empty")
-        params = prompt_room_params(body, body.max_tokens)
         requests = []
-        base_rid = body.rid or uuid.uuid4().hex
+        base_rid = body.rid or new_request_id()
         for i, prompt in enumerate(prompts):
-            r = GenerateRequest(rid=base_rid if len(prompts) == 1 else f"{base_rid}-{i}",
-                                sampling_params=SamplingParams(**params.to_dict()), stream=body.stream)
+            r = make_request(body, base_rid if len(prompts) == 1 else f"{base_rid}-{i}", body.max_tokens)
             if isinstance(prompt, str):
-                require_tokenizer("a text prompt")
+                require_tokenizer("a text prompt", "prompt")
                 r.text = prompt
             else:
                 r.input_ids = list(prompt)
             requests.append(r)
-        reqs = [tm.prepare(r) for r in requests]
+        reqs = prepare(requests, "prompt", "max_tokens")
         response_id = f"cmpl-{base_rid}"
         created = int(time.time())
 
-        if not body.stream:
+        if not body.is_stream:
             outputs = await run_to_completion(tm, requests, reqs, request)
             choices = []
             for i, out in enumerate(outputs):
@@ -247,43 +159,46 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
                         finals.append(out)
                     yield sse({"id": response_id, "object": "text_completion", "created": created,
                                 "model": body.model, "choices": [choice]})
-                if body.stream_options and body.stream_options.include_usage:
+                if body.include_usage:
                     yield sse({"id": response_id, "object": "text_completion", "created": created,
                                 "model": body.model, "choices": [], "usage": _usage(finals)})
             except (InvalidRequestError, GenerationError) as e:
-                yield sse(error_chunk(e))
+                yield sse(error_chunk(e, openai=True))
             yield SSE_DONE
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     # -- chat completions -------------------------------------------------------------------
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
+        check_model(body)
         body.check_unsupported()
-        require_tokenizer("chat completion")
-        if not body.messages:
-            raise InvalidRequestError("'messages' is empty")
+        require_tokenizer("chat completion", "messages")
         if getattr(tm.tokenizer, "chat_template", None) is None:
-            raise InvalidRequestError("the tokenizer has no chat template; use /v1/completions")
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            raise InvalidRequestError("the tokenizer has no chat template; use /v1/completions", param="messages")
+        max_tokens_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        max_tokens = getattr(body, max_tokens_field)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
         try:
-            prompt = tm.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **(body.chat_template_kwargs or {})
-            )
-        except Exception as e:  # jinja errors (e.g. a role the template refuses)
-            raise InvalidRequestError(f"could not apply the chat template: {e}") from None
-        # The template already holds BOS etc.: do not add special tokens a second time.
-        input_ids = tm.tokenizer.encode(prompt, add_special_tokens=False)
-        rid = body.rid or uuid.uuid4().hex
-        r = GenerateRequest(rid=rid, sampling_params=prompt_room_params(body, max_tokens),
-                            input_ids=input_ids, stream=body.stream)
-        req = tm.prepare(r)
+            prompt = tm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                      **kwargs)
+            if not isinstance(prompt, str):
+                raise TypeError(f"the template returned {type(prompt).__name__}, not text")
+            # The template already holds BOS etc.: do not add special tokens a second time.
+            input_ids = tm.tokenizer.encode(prompt, add_special_tokens=False)
+        except Exception as e:  # jinja errors (e.g. a role the template refuses), odd kwargs
+            raise InvalidRequestError(f"could not apply the chat template: {type(e).__name__}: {e}",
+                                      param="messages") from None
+        rid = body.rid or new_request_id()
+        r = make_request(body, rid, max_tokens)
+        r.input_ids = input_ids
+        (req,) = prepare([r], "messages", max_tokens_field)
         response_id = f"chatcmpl-{rid}"
         created = int(time.time())
 
-        if not body.stream:
+        if not body.is_stream:
             (out,) = await run_to_completion(tm, [r], [req], request)
             reason, matched = _finish_reason(out["meta_info"])
             choice = {"index": 0, "message": {"role": "assistant", "content": out["text"]},
@@ -307,12 +222,12 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
                     reason, matched = _finish_reason(out["meta_info"])
                     if reason is not None:
                         yield chunk({}, reason, matched_stop=matched)
-                        if body.stream_options and body.stream_options.include_usage:
+                        if body.include_usage:
                             yield sse({"id": response_id, "object": "chat.completion.chunk",
                                         "created": created, "model": body.model, "choices": [],
                                         "usage": _usage([out])})
             except (InvalidRequestError, GenerationError) as e:
-                yield sse(error_chunk(e))
+                yield sse(error_chunk(e, openai=True))
             yield SSE_DONE
 
         return StreamingResponse(stream(), media_type="text/event-stream")

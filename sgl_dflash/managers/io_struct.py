@@ -25,6 +25,9 @@ class GenerateRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    # The client set max_new_tokens (not the default): prompt + max_new_tokens beyond the
+    # context is then refused (or clipped with --allow-auto-truncate), as SGLang does.
+    max_new_tokens_explicit: bool = False
 
 
 @dataclasses.dataclass

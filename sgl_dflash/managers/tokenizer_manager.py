@@ -36,9 +36,6 @@ from sgl_dflash.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# How often a waiting non-streaming handler checks whether its client is still there.
-DISCONNECT_POLL_S = 0.25
-
 
 class _ReqState:
     def __init__(self, request: GenerateRequest, req: Req):
@@ -49,7 +46,6 @@ class _ReqState:
         self.detokenizer: IncrementalDetokenizer | None = None  # made on the first streamed chunk
         self.arrival = time.perf_counter()
         self.first_output_time: float | None = None
-        self.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
         self.done = False
 
 
@@ -197,41 +193,78 @@ class TokenizerManager:
         if request.input_ids is not None:
             return request.input_ids
         if self.tokenizer is None:
-            raise InvalidRequestError("this server runs with --skip-tokenizer-init: send input_ids, not text")
+            raise InvalidRequestError("this server runs with --skip-tokenizer-init: send input_ids, not text",
+                                      param="text")
         if request.text == "":
-            raise InvalidRequestError("the prompt is empty (text is an empty string)")
-        return self.tokenizer.encode(request.text)
+            raise InvalidRequestError("the prompt is empty (text is an empty string)", param="text")
+        try:
+            return self.tokenizer.encode(request.text)
+        except Exception as e:  # e.g. text the tokenizer's normalizer refuses
+            raise InvalidRequestError(f"the text could not be tokenized: {type(e).__name__}: {e}",
+                                      param="text") from None
 
     def prepare(self, request: GenerateRequest, input_ids: list[int] | None = None) -> Req:
-        """Tokenize and validate one request (no scheduling yet); raises `InvalidRequestError`."""
+        """Tokenize and validate one request (no scheduling yet); raises `InvalidRequestError`
+        naming the field. Lengths follow SGLang (`TokenizerManager._validate_one_request`)."""
         if request.rid in self._states:
-            raise InvalidRequestError(f"request id {request.rid!r} is already in use")
-        ids = input_ids if input_ids is not None else self.tokenize(request)
+            raise InvalidRequestError(f"request id {request.rid!r} is already in use", param="rid")
+        ids = list(input_ids if input_ids is not None else self.tokenize(request))
+        vocab = self.scheduler.worker.vocab_size
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"input_ids contain invalid token ids {bad[:5]} (vocab size {vocab})",
+                                      param="input_ids")
+        ids = self._check_context_length(request, ids)
         if request.return_logprob:
             start, top = request.logprob_start_len, request.top_logprobs_num
             if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start <= len(ids):
                 raise InvalidRequestError(
                     f"logprob_start_len must be -1 or in [0, {len(ids)}] (the number of input "
-                    f"tokens), got {start!r}"
+                    f"tokens), got {start!r}", param="logprob_start_len"
                 )
-            if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-                raise InvalidRequestError(f"top_logprobs_num must be an integer >= 0, got {top!r}")
-        req = Req(request.rid, list(ids), request.sampling_params)
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= vocab:
+                raise InvalidRequestError(f"top_logprobs_num must be an integer in [0, {vocab}] (the "
+                                          f"vocabulary size), got {top!r}", param="top_logprobs_num")
+        req = Req(request.rid, ids, request.sampling_params)
         self.scheduler.validate_request(req)  # pure checks; safe from this thread
         return req
+
+    def _check_context_length(self, request: GenerateRequest, ids: list[int]) -> list[int]:
+        """SGLang's rule: a prompt must leave room in the context, and prompt + max_new_tokens
+        (when the client chose it) must fit; with --allow-auto-truncate the prompt is cut (its
+        beginning kept) and max_new_tokens clipped instead. Returns the ids to run."""
+        limit = self.scheduler.max_req_len  # the context length, or the KV pool if smaller
+        truncate = self.server_args.allow_auto_truncate
+        if ids and len(ids) >= limit:
+            if not truncate:
+                raise InvalidRequestError(
+                    f"The input ({len(ids)} tokens) is longer than the model's context length "
+                    f"({limit} tokens).", param="input_ids" if request.text is None else "text",
+                    code="context_length_exceeded")
+            logger.warning("request %s: input of %d tokens truncated to %d", request.rid, len(ids), limit - 1)
+            ids = ids[: limit - 1]  # one position left for the first output token
+        max_new = request.sampling_params.max_new_tokens
+        if request.max_new_tokens_explicit and isinstance(max_new, int) and len(ids) + max_new > limit:
+            if not truncate:
+                raise InvalidRequestError(
+                    f"Requested token count exceeds the model's maximum context length of {limit} "
+                    f"tokens. You requested a total of {len(ids) + max_new} tokens: {len(ids)} tokens "
+                    f"from the input messages and {max_new} tokens for the completion. Please reduce "
+                    "the number of tokens in the input messages or the completion to fit within the "
+                    "limit.", param="sampling_params.max_new_tokens", code="context_length_exceeded")
+            request.sampling_params.max_new_tokens = limit - len(ids)
+        return ids
 
     async def generate(
         self,
         request: GenerateRequest,
         req: Req,
-        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one prepared request; yields cumulative outputs (every step when streaming, else
         only the final one) shaped like SGLang's: {"text", "output_ids", "meta_info"}.
 
-        `is_disconnected` (non-streaming requests) is polled so that a client that went away
-        gets its request aborted; a streaming response is cancelled by the server instead,
-        which lands in the `finally` below.
+        Cancelling the caller's task (a client that went away, a timeout) aborts the request:
+        that lands in the `finally` below.
         """
         if req.rid in self._states:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
@@ -244,9 +277,7 @@ class TokenizerManager:
                 state.done = True  # never queued
                 raise
             while True:
-                snap = await self._next_snapshot(state, is_disconnected)
-                if snap is None:  # the client went away
-                    return
+                snap = await self._next_snapshot(state)
                 finished = snap.finished_reason is not None
                 if state.first_output_time is None and snap.output_ids:
                     state.first_output_time = time.perf_counter()
@@ -270,23 +301,9 @@ class TokenizerManager:
                 self.metrics.num_aborted_requests.inc()
             self._states.pop(req.rid, None)
 
-    async def _next_snapshot(
-        self, state: _ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None
-    ) -> Snapshot | None:
-        """The latest snapshot (intermediate ones are cumulative, so they may be skipped), or
-        None when the client went away. The client is checked every DISCONNECT_POLL_S whether
-        or not snapshots keep coming."""
-        while True:
-            if is_disconnected is not None and time.monotonic() >= state.next_disconnect_check:
-                state.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
-                if await is_disconnected():
-                    logger.info("client of %s disconnected; aborting it", state.req.rid)
-                    return None
-            try:
-                snap = await asyncio.wait_for(state.queue.get(), timeout=DISCONNECT_POLL_S)
-                break
-            except TimeoutError:
-                continue
+    async def _next_snapshot(self, state: _ReqState) -> Snapshot:
+        """The latest snapshot (intermediate ones are cumulative, so they may be skipped)."""
+        snap = await state.queue.get()
         while not state.queue.empty() and snap.finished_reason is None:
             snap = state.queue.get_nowait()
         return snap

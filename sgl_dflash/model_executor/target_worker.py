@@ -2,7 +2,8 @@
 also the NONE algorithm's worker (plain autoregressive decoding).
 
 `forward_batch_generation(ModelWorkerBatch) -> GenerationBatchResult` runs ONE packed ragged
-`TargetRunner.forward` for the batch and samples a token per request; it never touches a request.
+target step for the batch (a decode samples inside it: `TargetRunner.sample`, only token ids come
+back) and returns a token per request; it never touches a request.
 The KV pages belong to jax_backend's allocator (`self.allocator`): the scheduler allocates and
 frees a request's pages there and hands the worker page tables; logprob scoring (`score`) takes
 pages of its own there for one forward and gives them back.
@@ -78,12 +79,14 @@ class TargetWorker:
         return GenerationBatchResult(tokens, counts, aux_hidden_states=self._aux_rows(out)), out
 
     def forward_decode(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
-        """One token per request: its pending token runs at position prefix_len."""
-        out = self.runner.forward([
+        """One token per request: its pending token runs at position prefix_len, and the token is
+        sampled inside the same jitted step (only the ids come to the host)."""
+        info = batch.sampling_info
+        out = self.runner.sample([
             SeqInput(ids, start, table, "last")
             for ids, start, table in zip(batch.input_ids, batch.prefix_lens, batch.page_tables)
-        ])
-        tokens = self.sample(np.concatenate(out.logits), batch.sampling_info)
+        ], info.temperatures, info.top_ps, info.top_ks, None if info.is_all_greedy else self.next_key())
+        tokens = out.tokens
         n = len(batch.slots)
         return GenerationBatchResult(tokens.reshape(n, 1), np.ones(n, np.int32),
                                      aux_hidden_states=self._aux_rows(out))

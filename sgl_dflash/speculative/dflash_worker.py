@@ -158,41 +158,28 @@ class DFlashWorker:
         drafts = np.asarray(drafts, np.int32)
         t1 = time.perf_counter()
 
-        # 2. Verify: one target forward over every [bonus, drafts...] block at positions L.. .
-        out = self.runner.forward([
-            SeqInput([bonus[i], *drafts[i]], batch.prefix_lens[i], batch.page_tables[i], "all")
-            for i in range(n)
-        ])
+        # 2.-3. Verify and accept in one jitted target step over every [bonus, drafts...] block at
+        # positions L..: only the accept counts a[i] and the new bonus tokens come to the host.
+        # Sampling: rejection sampling against q; greedy rows ride along exactly (one-hot p and q
+        # make rejection sampling the greedy prefix match).
+        seqs = [SeqInput([bonus[i], *drafts[i]], batch.prefix_lens[i], batch.page_tables[i], "all") for i in range(n)]
+        if greedy:
+            out = self.runner.verify(seqs)
+        else:
+            info = batch.sampling_info
+            out = self.runner.verify(seqs, info.temperatures, info.top_ps, info.top_ks, draft_probs=draft_probs,
+                                     key=self.target_worker.next_key())
+        accepted, new_bonus = out.accepted, out.bonus
         t2 = time.perf_counter()
 
-        # 3. Accept: a[i] drafts pass, then one token from the target (the new bonus).
-        rows = bucket(n)
-        padded_drafts = np.zeros((rows, B - 1), np.int32)
-        padded_drafts[:n] = drafts
-        target_logits = np.zeros((rows, B, self.vocab_size), np.float32)
-        target_logits[:n] = np.stack(out.logits)
-        if greedy:
-            accepted, new_bonus = sampling.greedy_accept(padded_drafts, target_logits)
-        else:
-            # Greedy rows ride along exactly: temperature 0 gives one-hot p and q, and rejection
-            # sampling with one-hot distributions is the greedy prefix match.
-            temperature, top_p, top_k = batch.sampling_info.padded(rows * B, repeat=B)
-            target_probs = sampling.probs(target_logits.reshape(rows * B, -1), temperature, top_p, top_k)
-            accepted, new_bonus = sampling.rejection_accept(
-                padded_drafts, draft_probs, target_probs.reshape(rows, B, -1), self.target_worker.next_key()
-            )
-        accepted, new_bonus = np.asarray(accepted)[:n], np.asarray(new_bonus)[:n]
-        t3 = time.perf_counter()
-
-        # 4. Commit: the drafter gets the aux rows of exactly the a+1 committed tokens (the old
-        # bonus and the accepted drafts). Row i's new tokens: its a accepted drafts, then the bonus.
-        self.proposer.commit(slots, [int(a) for a in accepted], [
-            self.runner.hidden_state_features(out.aux_hidden[i])[: a + 1] for i, a in enumerate(accepted)
-        ])
+        # 4. Commit: the drafter gets the features of exactly the a+1 committed rows (the old bonus
+        # and the accepted drafts), straight from the device. Row i's new tokens: its a accepted
+        # drafts, then the bonus.
+        self.proposer.commit_block(slots, accepted, out.features)
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus
-        t4 = time.perf_counter()
-        for phase, seconds in (("draft", t1 - t0), ("verify", t2 - t1), ("accept", t3 - t2), ("commit", t4 - t3)):
+        t3 = time.perf_counter()
+        for phase, seconds in (("draft", t1 - t0), ("verify", t2 - t1), ("commit", t3 - t2)):
             self.timings[phase] += seconds
         self.timings["steps"] += 1
         return GenerationBatchResult(tokens, accepted.astype(np.int32) + 1, accept_lens=accepted,

@@ -7,6 +7,12 @@ Measures
   fixed context, for both, plus ours/theirs time ratios.
 
     python -m sgl_dflash.tools.bench_target [--context 512] [--out bench_results/target.json]
+
+With --roofline, instead: every step (decode B = 1/4/32, verify K = 4/8/16 at B = 1/4) against this
+machine's roofline measured in the same run, ours vs a plain dense JAX step vs transformers (see
+sgl_dflash.tools.bench_roofline); writes roofline.json and roofline.png into --out-dir:
+
+    python -m sgl_dflash.tools.bench_target --roofline [--model-path DIR] [--context 256] [--out-dir bench_results]
 """
 
 from __future__ import annotations
@@ -156,11 +162,23 @@ def main(argv=None) -> dict:
         "under contention. 0 keeps each framework's default.",
     )
     parser.add_argument("--out", default="bench_results/target.json")
+    parser.add_argument("--roofline", action="store_true", help="run the roofline benchmark instead")
+    parser.add_argument("--model-path", default=None,
+                        help="--roofline: a real checkpoint (default: random weights, SmolLM2-135M shape)")
+    parser.add_argument("--hf-max-batch", type=int, default=None,
+                        help="--roofline: largest batch timed with transformers (default 4 on CPU, all on GPU)")
+    parser.add_argument("--out-dir", default="bench_results", help="--roofline: where roofline.json/png go")
+    parser.add_argument("--unroll-layers", action="store_true", help="--roofline: ours with unrolled layers")
+    parser.add_argument("--cases", nargs="+", default=None, metavar="BxK",
+                        help="--roofline: steps to time, e.g. 1x1 32x1 1x8 (default: B=1/4/32 decode, K=4/8/16 at B=1/4)")
+    parser.add_argument("--fuse-projections", action="store_true", help="--roofline: ours with fused qkv/gate_up")
     args = parser.parse_args(argv)
     if args.threads == 1:  # read when the JAX CPU backend starts (first array below)
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.roofline:
+        return _roofline(args)
     if args.context + max(args.ks) > args.max_model_len:
         parser.error("--context + max(--ks) must fit in --max-model-len")
 
@@ -179,7 +197,11 @@ def main(argv=None) -> dict:
         decode = bench_decode(runner, hf, prompt, args.new_tokens, progress)
         curve = bench_verify_curve(runner, hf, args.context, args.ks, args.repeats, progress)
 
+    import jax
+
     result = {
+        "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
         "model": "SmolLM2-135M shape (random fp32 weights)",
         "config": {**SMOLLM2_135M, "num_hidden_layers": args.layers},
         "ours": {"page_size": args.page_size, "max_model_len": args.max_model_len, "dtype": "float32"},
@@ -191,7 +213,8 @@ def main(argv=None) -> dict:
         "verify_curve": curve,
         "compilations": runner.num_compilations(),
     }
-    print(f"\nGreedy decode ({args.new_tokens} tokens after a {args.prompt_len}-token prompt):")
+    print(f"\nbackend {result['backend']} ({result['device']})")
+    print(f"Greedy decode ({args.new_tokens} tokens after a {args.prompt_len}-token prompt):")
     print(f"  ours {decode['ours_tokens_per_s']:.1f} tok/s   transformers {decode['transformers_tokens_per_s']:.1f} tok/s"
           f"   speedup x{decode['speedup']:.2f}   same tokens: {decode['same_greedy_tokens']}")
     print(f"\nVerify cost at context {args.context} (median wall time of {args.repeats}, interleaved):")
@@ -204,6 +227,46 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"\nwrote {out}")
+    return result
+
+
+# On GPU: capture whole steps (loops included) as XLA command buffers (CUDA graphs). Read when
+# the backend starts; ignored by the CPU backend.
+GPU_XLA_FLAGS = ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL "
+                 "--xla_gpu_graph_min_graph_size=1")
+
+
+def _roofline(args) -> dict:
+    from sgl_dflash.tools import bench_roofline
+
+    if "xla_gpu_enable_command_buffer" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + GPU_XLA_FLAGS).strip()
+    import jax
+
+    on_gpu = jax.default_backend() == "gpu"
+    device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model_path is None:
+            hf = build_model(Path(tmp), args.layers)
+            model_dir = tmp
+        else:
+            model_dir = args.model_path
+            hf = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf.config._attn_implementation = "eager"
+        hf = hf.to(device)
+        hf_max_batch = args.hf_max_batch if args.hf_max_batch is not None else (1 << 30 if on_gpu else 4)
+        result = bench_roofline.run(
+            model_dir, hf, context=args.context, repeats=args.repeats, hf_max_batch=hf_max_batch,
+            unroll_layers=args.unroll_layers, fuse_projections=args.fuse_projections,
+            cases=None if args.cases is None else [tuple(int(v) for v in c.lower().split("x")) for c in args.cases],
+            out_dir=Path(args.out_dir), progress=lambda row: print(f"  B={row['batch']} K={row['k']}: "
+                                                                   f"ours {row['ours_ms']:.2f} ms", flush=True),
+        )
+    result["model"] = args.model_path or "SmolLM2-135M shape (random fp32 weights)"
+    result["transformers_device"] = device
+    (Path(args.out_dir) / "roofline.json").write_text(json.dumps(result, indent=2))
+    bench_roofline.print_table(result)
+    print(f"\nwrote {Path(args.out_dir) / 'roofline.json'} and roofline.png")
     return result
 
 

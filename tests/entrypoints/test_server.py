@@ -285,8 +285,12 @@ def test_requests_outgrowing_the_kv_pool_are_retracted_and_still_exact(url, engi
     assert after["num_free_pages"] == after["total_pages"]
 
 
-def test_non_streaming_disconnect_aborts_the_request(url):
-    # A client that hangs up on a running non-streaming request frees its pages too.
+def test_non_streaming_disconnect_aborts_the_request(url, server, monkeypatch):
+    # A client that hangs up on a running non-streaming request frees its pages too. Each step
+    # is slowed (200 steps >= 4 s) so that the request cannot finish before the hang-up lands.
+    scheduler = server.tokenizer_manager.scheduler
+    step = scheduler.step
+    monkeypatch.setattr(scheduler, "step", lambda: (time.sleep(0.02), step())[1])
     aborted_before = metric(url, "sglang:num_aborted_requests_total")
     body = json.dumps({"text": "slow one", "sampling_params": {"max_new_tokens": 200, "temperature": 0,
                                                                "ignore_eos": True}}).encode()
@@ -327,7 +331,7 @@ BAD_GENERATE_BODIES = [
     ({"text": "hi", "sampling_params": {"frobnicate": 1}}, "frobnicate"),
     ({"text": "hi", "sampling_params": {"regex": "a+"}}, "regex"),
     ({"text": ""}, "empty"),
-    ({"input_ids": []}, "empty"),
+    ({"input_ids": []}, "input_ids"),
     ({"input_ids": [1, 2, 100000]}, "invalid token ids"),
     ({"input_ids": [5] * (MAX_TOTAL_TOKENS + 10)}, "context length"),
     ({"text": "x" * (MAX_TOTAL_TOKENS + 10)}, "context length"),
@@ -347,29 +351,31 @@ def test_bad_generate_requests_get_400_naming_the_problem(url, body, needle):
 
 
 @pytest.mark.parametrize("path,body,needle", [
-    ("/v1/completions", {"model": "m", "prompt": "hi", "temperature": -1}, "temperature"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "n": 3}, "'n'"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": -2}, "max_tokens: must be >= 0"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
-    ("/v1/chat/completions", {"model": "m"}, "missing required field 'messages'"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 2},
+    ("/v1/completions", {"model": "default", "prompt": "hi", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "n": 3}, "'n'"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": -2}, "max_tokens"),
+    ("/v1/completions", {"model": "default", "prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"model": "default"}, "Missing required parameter: 'messages'"),
+    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x"}], "top_p": 2},
      "top_p"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "role"),
-    ("/v1/chat/completions", {"model": "m", "messages": [], "bogus": True}, "unknown field 'bogus'"),
+    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ("/v1/chat/completions", {"model": "default", "messages": [], "bogus": True}, "bogus"),
 ])
 def test_bad_openai_requests_get_400(url, path, body, needle):
     r = post(url, path, body)
     assert r.status_code == 400, r.text
-    assert needle in r.json()["message"]
+    assert needle in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}])
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                                     {"Authorization": "Bearer \u00e9t\u00e9"}])
 @pytest.mark.parametrize("method,path", [("POST", "/generate"), ("GET", "/v1/models"),
                                          ("GET", "/server_info"), ("POST", "/v1/chat/completions")])
 def test_api_key_is_required(url, headers, method, path):
     r = requests.request(method, url + path, json={"text": "hi"}, headers=headers, timeout=10)
     assert r.status_code == 401
-    assert "API key" in r.json()["message"]
+    body = r.json()
+    assert "API key" in (body["error"]["message"] if path.startswith("/v1/") else body["message"])
 
 
 def test_bad_requests_do_not_disturb_good_ones_and_server_stays_healthy(url, engine_outputs):

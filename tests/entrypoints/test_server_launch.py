@@ -91,13 +91,15 @@ def test_skip_tokenizer_init_serves_token_ids_only(dirs):
         assert info["tokenizer_path"] is None
         for path, body, needle in [
             ("/generate", {"text": "hi"}, "--skip-tokenizer-init"),
-            ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}]},
              "--skip-tokenizer-init"),
-            ("/v1/completions", {"model": "m", "prompt": "hi"}, "--skip-tokenizer-init"),
+            ("/v1/completions", {"model": "default", "prompt": "hi"}, "--skip-tokenizer-init"),
         ]:
             r = requests.post(url + path, json=body, timeout=30)
-            assert r.status_code == 400 and needle in r.json()["message"], r.text
-        r = requests.post(url + "/v1/completions", json={"model": "m", "prompt": [5, 6, 7], "max_tokens": 4,
+            body = r.json()
+            message = body["error"]["message"] if path.startswith("/v1/") else body["message"]
+            assert r.status_code == 400 and needle in message, r.text
+        r = requests.post(url + "/v1/completions", json={"model": "default", "prompt": [5, 6, 7], "max_tokens": 4,
                                                          "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
         assert r.json()["usage"]["completion_tokens"] == 4

@@ -198,7 +198,9 @@ def test_build_batch_buckets_and_layout():
     ]
     batch, layout = build_batch(seqs, page_size=4, pages_per_seq=4)
     assert batch.tokens.shape == (16,) and batch.kv_lens.shape == (4,)
-    assert batch.page_indices.shape == (4, 4) and batch.logits_indices.shape == (8,)
+    # Page table width = longest cached prefix (6 tokens = 2 pages), a power of two.
+    assert batch.page_indices.shape == (4, 2) and batch.logits_indices.shape == (8,)
+    np.testing.assert_array_equal(batch.page_indices, [[3, 0], [4, 7], [8, 2], [0, 0]])
     assert batch.max_q_len == 8
     np.testing.assert_array_equal(batch.tokens[:9], [5, 6, 7, 9, 1, 2, 3, 4, 5])
     np.testing.assert_array_equal(batch.positions[:9], [0, 1, 2, 6, 2, 3, 4, 5, 6])
@@ -211,6 +213,18 @@ def test_build_batch_buckets_and_layout():
     np.testing.assert_array_equal(batch.logits_indices[:5], [0, 1, 2, 3, 8])
     assert layout.token_starts == (0, 3, 4) and layout.logit_starts == (0, 3, 4)
     assert layout.num_logits == (3, 1, 1)
+
+
+def test_build_batch_page_table_width_is_the_context_bucket():
+    """Attention visits every page-table column (a static trip count), so the width follows the
+    longest cached prefix in pages, rounded up to a power of two, within [min_pages, pages_per_seq]."""
+    def width(start_pos, **kw):
+        seq = SeqInput([1], start_pos, list(range(1, 2 + start_pos // 4)))
+        return build_batch([seq], page_size=4, pages_per_seq=16, **kw)[0].page_indices.shape[1]
+
+    assert width(0) == 0  # nothing cached: no page is read
+    assert [width(n) for n in (1, 4, 5, 9, 17, 33, 60)] == [1, 1, 2, 4, 8, 16, 16]
+    assert width(5, min_pages=4) == 4
 
 
 @pytest.mark.parametrize(

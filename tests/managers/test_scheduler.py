@@ -113,16 +113,19 @@ def test_failing_request_does_not_disturb_others(engine, spec_prompts, monkeypat
     reqs = [Req(f"fail-{i}", p, greedy(30)) for i, p in enumerate(spec_prompts)]
     poison = reqs[2]
     target = scheduler.worker.runner
-    forward = target.forward
 
-    def failing_forward(seqs):
-        # The target fails on any batch holding the poisoned request, after its 5th token.
-        pages = scheduler.allocator.page_table(poison.slot) if poison.slot is not None else []
-        if len(poison.output_ids) >= 5 and any(list(s.page_table[:1]) == pages[:1] for s in seqs):
-            raise RuntimeError("injected device failure")
-        return forward(seqs)
+    def failing(step):
+        def run(seqs, *args, **kwargs):
+            # The target fails on any batch holding the poisoned request, after its 5th token.
+            pages = scheduler.allocator.page_table(poison.slot) if poison.slot is not None else []
+            if len(poison.output_ids) >= 5 and any(list(s.page_table[:1]) == pages[:1] for s in seqs):
+                raise RuntimeError("injected device failure")
+            return step(seqs, *args, **kwargs)
 
-    monkeypatch.setattr(target, "forward", failing_forward)
+        return run
+
+    for entry_point in ("forward", "sample", "verify"):  # every jitted step of the target
+        monkeypatch.setattr(target, entry_point, failing(getattr(target, entry_point)))
     for req in reqs:
         scheduler.add_request(req)
     # A request refused at the door does not disturb the running ones either.

@@ -6,6 +6,7 @@
     python -m sgl_dflash.train train --out DIR --time-budget-s 1200   # CUDA if present, else CPU
     python -m sgl_dflash.train eval --draft DIR                   # held-out teacher-forced tau
     python -m sgl_dflash.train token-map --out DIR/token_map.json # the ids the responses use
+    python -m sgl_dflash.train curve --runs DIR... --out docs/training/learning_curve
 
 Every command is resumable: rerun it after an interruption.
 """
@@ -34,7 +35,7 @@ def _set_dir(args) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sgl_dflash.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["regenerate", "import", "verify", "train", "eval", "token-map"])
+    parser.add_argument("command", choices=["regenerate", "import", "verify", "train", "eval", "token-map", "curve"])
     parser.add_argument("files", nargs="*", type=Path, help="import: JSONL(.gz) files of responses")
     parser.add_argument("--target", type=Path, default=None, help="HF target dir (default: converted SmolLM2)")
     parser.add_argument("--set", type=Path, default=None, help="response set dir (default data/<target name>)")
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     g = parser.add_argument_group("train / eval")
     g.add_argument("--out", type=Path, default=None, help="drafter output dir (token-map: the JSON file)")
     g.add_argument("--draft", type=Path, default=None, help="eval: drafter checkpoint dir")
+    g.add_argument("--runs", type=Path, nargs="*", default=[], help="curve: drafter dirs written by train")
+    g.add_argument("--extra", type=Path, default=None, help="curve: JSON list of rows measured otherwise")
     g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     g.add_argument("--num-layers", type=int, default=3)
     g.add_argument("--block-size", type=int, default=8)
@@ -155,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
         ids = ResponseSet.load(_set_dir(args)).used_token_ids()
         args.out.write_text(json.dumps(ids) + "\n")
         print(f"{args.out}: {len(ids)} token ids")
+    elif args.command == "curve":
+        from sgl_dflash.tools.train.curve import run_row, write_curve
+
+        if args.out is None:
+            parser.error("curve needs --out PATH (without suffix)")
+        rows = [run_row(d) for d in args.runs] + (json.loads(args.extra.read_text()) if args.extra else [])
+        print(*write_curve(rows, args.out))
 
 
 if __name__ == "__main__":

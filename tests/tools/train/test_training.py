@@ -392,3 +392,16 @@ def test_dflash2_drafters_train_and_draft_their_selector_path(tiny_target, tmp_p
     assert 1.0 <= result["B4"]["tau"] <= 4.0 and result["B4"]["blocks"] > 0
     with pytest.raises(core.TrainingDataError, match="conv_group_size"):
         core.build_draft_config(target_config, dflash2={**dflash2, "conv_group_size": 7})
+
+
+@pytest.mark.slow
+def test_learning_curve_reads_run_records(trained, tmp_path):
+    from sgl_dflash.tools.train.curve import run_row, write_curve
+
+    out, _, _ = trained
+    row = run_row(out)
+    assert row["steps"] == 150 and len(row["loss_curve"]) >= 100 and row["held_out"] == {}
+    extra = {"name": "older", "response_tokens": 1000, "held_out": {"B8": {"tau": 1.5}}}
+    json_path, png_path = write_curve([{**row, "held_out": {"B8": {"tau": 2.0}}}, extra], tmp_path / "curve")
+    assert [r["name"] for r in json.loads(json_path.read_text())] == [out.name, "older"]
+    assert png_path.stat().st_size > 10_000

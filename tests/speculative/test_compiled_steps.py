@@ -1,0 +1,68 @@
+"""What XLA compiles for a step: no while loop without a known trip count (no host round trip
+inside a step on GPU), and no whole-cache copies in the drafter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from jax_backend.hlo_check import optimized_modules, unbounded_while_loops, while_loops
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Prefill, decode and verify past one attention chunk (256 tokens), greedy and sampled (top-p:
+# the sort path), for NONE and DFLASH: every program an Engine compiles for these.
+ENGINE_RUN = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from sgl_dflash.entrypoints.engine import Engine
+
+    target, draft = sys.argv[1], sys.argv[2]
+    common = dict(model_path=target, skip_tokenizer_init=True, max_total_tokens=2048,
+                  max_running_requests=4, context_length=640, random_seed=0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 16, n).tolist() for n in (300, 20)]
+    for extra in ({}, dict(speculative_algorithm="DFLASH", speculative_draft_model_path=draft,
+                           speculative_num_draft_tokens=4)):
+        engine = Engine(**common, **extra)
+        for params in ({"temperature": 0.0}, {"temperature": 0.8, "top_p": 0.9}):
+            engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 12, "ignore_eos": True})
+    """
+)
+
+
+def test_engine_programs_have_no_while_loop_with_unknown_trip_count(tmp_path, spec_target_dir, random_draft_dir):
+    dump = tmp_path / "xla_dump"
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_cpu_multi_thread_eigen=false")
+    subprocess.run([sys.executable, "-c", ENGINE_RUN, spec_target_dir, random_draft_dir], env=env, check=True,
+                   cwd=tmp_path, timeout=900)
+    modules = optimized_modules(dump)
+    steps = {name: text for name, text in modules.items() if any(
+        f"jit_{step}." in name for step in ("step", "sample_step", "verify_step"))}
+    assert len(steps) >= 3, sorted(modules)  # prefill, decode and verify of the target at least
+    # The long prompt's decode/verify attends over 2 chunks: a loop, with a static trip count.
+    assert any(len(while_loops(text)) >= 2 for text in steps.values())
+    unbounded = {name: unbounded_while_loops(text) for name, text in modules.items()}
+    assert not {name: loops for name, loops in unbounded.items() if loops}
+
+    # The drafter's KV caches [max_running_requests, context + block + 1, kv_heads, head_dim] are
+    # updated in place: no program copies them (at the default context that copy cost ~0.5 s).
+    draft = json.loads((Path(random_draft_dir) / "config.json").read_text())
+    cache = f"f32[4,{640 + 4 + 1},{draft['num_key_value_heads']},{draft['head_dim']}]"
+    assert any(cache in text for text in modules.values())
+    copies = [line.strip()[:120] for text in modules.values() for line in text.splitlines()
+              if f"= {cache}" in line and " copy(" in line]
+    assert not copies
+
+
+def test_hlo_check_reads_known_trip_counts():
+    known = '%while.1 = (s32[]) while(%t), condition=%c, body=%b, backend_config={"known_trip_count":{"n":"30"}}'
+    unknown = "  %while.2 = (s32[], f32[4]{0}) while(%tuple.3), condition=%c2, body=%b2"
+    assert while_loops(known + "\n" + unknown) == [("while.1", True), ("while.2", False)]
+    assert unbounded_while_loops(unknown) == ["while.2"]

@@ -1,0 +1,42 @@
+"""bench_target --roofline: the roofline arithmetic, and a smoke run on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jax_backend import TargetConfig
+from sgl_dflash.tools import bench_roofline
+from sgl_dflash.tools.bench_target import SMOLLM2_135M
+from tests.tiny_checkpoints import make_tiny_target
+
+
+def test_roofline_of_the_smollm2_shape():
+    config = TargetConfig.from_dict({**SMOLLM2_135M, "model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    machine = {"read_bandwidth_gbs": 20.0, "matmul_fp32_gflops": 170.0}
+    weights = 538_000_000
+    decode = bench_roofline.roofline(config, weights, batch=1, k=1, context=256, machine=machine)
+    kv_token = 2 * 30 * 3 * 64 * 4  # 46 KB per token per sequence
+    assert decode["bytes"] == weights + 257 * kv_token
+    assert decode["bound"] == "memory"
+    assert decode["roofline_ms"] == pytest.approx(decode["bytes"] / 20e9 * 1e3)
+    # ~0.27 GFLOP per token (matmuls + lm_head), as REFERENCES.md says
+    assert 0.25e9 < decode["flops"] < 0.3e9
+    big = bench_roofline.roofline(config, weights, batch=32, k=1, context=256, machine=machine)
+    assert big["bound"] == "compute" and big["roofline_ms"] == pytest.approx(big["flops"] / 170e9 * 1e3)
+    assert bench_roofline.aux_layers(30) == (1, 10, 18, 27)
+
+
+def test_roofline_run_writes_json_and_png(tmp_path):
+    model = make_tiny_target(tmp_path / "model", "llama", num_hidden_layers=2)
+    result = bench_roofline.run(model, None, context=40, repeats=1, hf_max_batch=4, out_dir=tmp_path,
+                                cases=[(1, 1), (2, 4)])
+    assert (tmp_path / "roofline.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "roofline.json").read_text())
+    assert saved["backend"] == result["backend"] == "cpu"
+    assert [(r["batch"], r["k"]) for r in saved["rows"]] == [(1, 1), (2, 4)]
+    for row in saved["rows"]:
+        assert row["ours_ms"] > 0 and row["dense_jax_ms"] > 0 and row["roofline_ms"] > 0
+        assert row["ours_over_roofline"] == pytest.approx(row["ours_ms"] / row["roofline_ms"])
+    bench_roofline.print_table(result)
