@@ -63,9 +63,11 @@ class TargetWorker:
 
     def forward_extend(self, batch: ModelWorkerBatch) -> tuple[GenerationBatchResult, ForwardOutput]:
         """The K/V of each request's committed tokens, and a first token for the new ones (also
-        returns the forward's output, whose aux rows the DFLASH worker hands its drafter)."""
+        returns the forward's output, whose aux rows the DFLASH worker hands its drafter). A
+        request's tokens run after its prefix_len cached ones (a prefill chunk after the first)."""
         out = self.runner.forward([
-            SeqInput(ids, 0, table, "last") for ids, table in zip(batch.input_ids, batch.page_tables)
+            SeqInput(ids, prefix, table, "last")
+            for ids, prefix, table in zip(batch.input_ids, batch.prefix_lens, batch.page_tables)
         ])
         n = len(batch.slots)
         tokens, counts = np.zeros((n, 1), np.int32), np.zeros(n, np.int32)

@@ -132,11 +132,16 @@ class DFlashWorker:
         """Target prefill (first token = the first bonus) and the drafter's context features."""
         result, out = self.target_worker.forward_extend(batch)
         for slot, features in zip(batch.slots, out.aux_hidden):
-            self._release_drafter(slot)  # only set when a failed batch is being retried
-            self.proposer.add(slot, self.runner.hidden_state_features(features))
-            self.drafting.add(slot)
+            self.add_context(slot, self.runner.hidden_state_features(features))
         result.num_draft_tokens = self.block_size - 1
         return result
+
+    def add_context(self, slot: Any, features: Any) -> None:
+        """The drafter's context for a prefilled sequence: the aux features [L, n_aux*H] of all
+        its committed tokens (a front door that prefills in chunks collects them first)."""
+        self._release_drafter(slot)  # only set when a failed batch is being retried
+        self.proposer.add(slot, features)
+        self.drafting.add(slot)
 
     def forward_decode(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         B, n = self.block_size, len(batch.slots)
