@@ -73,6 +73,7 @@ def launch_data_parallel(server_args: ServerArgs, cli_args: argparse.Namespace) 
     from sglang_router.router_args import RouterArgs
 
     router_args = RouterArgs.from_cli_args(cli_args, use_router_prefix=True)
+    logger.setLevel(logging.INFO)  # where the replicas and the router are: shown at any --log-level
     replicas: list[tuple[subprocess.Popen, str]] = []
     router = None
     # SIGTERM as an exception: the `finally` below stops every child.
