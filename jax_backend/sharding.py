@@ -101,8 +101,10 @@ def shard_step(fn: Callable, mesh: Mesh, free: tuple[int, ...] = ()) -> Callable
     the other outputs are replicated (the host reads them, the drafter takes them as they are),
     except outputs `free`, left where XLA puts them (the forward's logits: split on the
     vocabulary like lm_head; the host gathers them when it reads them; asking for them
-    replicated inside the step made XLA all-gather the whole lm_head instead)."""
+    replicated inside the step made XLA all-gather the whole lm_head instead). Across processes
+    (multi-host) every output is replicated: a host can only read what its own devices hold."""
     pool, rest = kv_pool_sharding(mesh), replicated(mesh)
+    free = () if mesh.is_multi_process else free
 
     def sharded(*args, **kwargs):
         *outputs, kv_pool = fn(*args, **kwargs)

@@ -39,6 +39,12 @@ class ServerArgs:
     # sglang-router (launch_server only: sgl_dflash/entrypoints/data_parallel.py).
     tp_size: int = 1
     dp_size: int = 1
+    # Engine only (no CLI flag: the HTTP server is one process): tensor parallel across hosts.
+    # Every host runs the same Engine calls; jax.distributed.initialize(dist_init_addr, nnodes,
+    # node_rank) joins them, and tp_size counts the devices of all hosts.
+    dist_init_addr: str | None = None  # "host:port" of node 0's coordinator
+    nnodes: int = 1
+    node_rank: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -134,6 +140,7 @@ class ServerArgs:
         target is placed (jax_backend.sharding.check_tp_size)."""
         _require_int(self.tp_size, "--tp-size", minimum=1)
         _require_int(self.dp_size, "--dp-size", minimum=1)
+        self.check_distributed()
         heads = target.get("num_attention_heads")
         for key, count in (
             ("num_key_value_heads", target.get("num_key_value_heads") or heads),
@@ -145,6 +152,14 @@ class ServerArgs:
                     f"--tp-size {self.tp_size} does not divide the target's {key} ({count}): every "
                     f"device must hold whole attention heads and an equal share of the MLP"
                 )
+
+    def check_distributed(self) -> None:
+        _require_int(self.nnodes, "nnodes", minimum=1)
+        _require_int(self.node_rank, "node_rank", minimum=0)
+        if self.node_rank >= self.nnodes:
+            raise ServerArgsError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ServerArgsError("nnodes > 1 needs dist_init_addr (host:port of node 0's coordinator)")
 
     def _check_aux_hidden_layers(self, algorithm: Any, num_layers: int) -> None:
         if not algorithm.is_none():

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_backend import TargetRunner, TargetConfig
 from jax_backend.sharding import TensorParallelError, check_tp_size, param_spec
+from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.errors import ServerArgsError
 from sgl_dflash.server_args import ServerArgs
 from tests.tiny_checkpoints import make_tiny_target
@@ -162,6 +163,46 @@ def test_engine_tp2_tp4_greedy_outputs_equal_tp1(tp_targets):
                     assert run["drafter_devices"] == tp and run["drafter_replicated"]
 
 
+MULTIHOST_SCRIPT = """
+    import json, sys
+    import numpy as np
+    from sgl_dflash.entrypoints.engine import Engine
+
+    target, draft, rank, nnodes, address = sys.argv[1:6]
+    distributed = {} if nnodes == "1" else dict(nnodes=int(nnodes), node_rank=int(rank), dist_init_addr=address)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (29, 7, 16)]
+    outputs = {}
+    for algorithm in ("NONE", "DFLASH"):
+        extra = {} if algorithm == "NONE" else dict(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
+        engine = Engine(model_path=target, skip_tokenizer_init=True, max_total_tokens=1024, max_running_requests=4,
+                        context_length=256, random_seed=0, tp_size=int(nnodes), **distributed, **extra)
+        outputs[algorithm] = [o["output_ids"] for o in engine.generate(
+            input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": 16, "ignore_eos": True})]
+    print(json.dumps(outputs))
+"""
+
+
+@pytest.mark.slow
+def test_tp2_across_two_processes_matches_tp1(tp_targets):
+    """Multi-host tensor parallel, rehearsed on one machine: two processes with one CPU device each
+    join through jax.distributed (Engine's nnodes / node_rank / dist_init_addr; gloo collectives)
+    and run the same Engine calls; the mesh spans both processes."""
+    from tests.server_harness import free_port
+
+    target, draft = tp_targets["qwen3"]
+    expected = run_on_virtual_devices(MULTIHOST_SCRIPT, 1, target, draft, "0", "1", "")
+    address = f"127.0.0.1:{free_port()}"
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    ranks = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(MULTIHOST_SCRIPT), target, draft, str(rank), "2",
+                               address], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    for process in ranks:
+        stdout, stderr = process.communicate(timeout=900)
+        assert process.returncode == 0, stderr[-4000:]
+        assert json.loads(stdout.strip().splitlines()[-1]) == expected
+
+
 # -- refusals (in process, one device) --------------------------------------------------------
 def test_tp_sizes_that_do_not_divide_the_heads_are_refused(tp_targets, tiny_qwen3_dir):
     config = TargetConfig.from_file(Path(tp_targets["qwen3"][0]) / "config.json")
@@ -176,6 +217,13 @@ def test_tp_sizes_that_do_not_divide_the_heads_are_refused(tp_targets, tiny_qwen
         ServerArgs(model_path=tiny_qwen3_dir, tp_size=4).check()
     with pytest.raises(ServerArgsError, match="--tp-size must be an integer >= 1"):
         ServerArgs(model_path=tiny_qwen3_dir, tp_size=0).check()
+    # Multi-host arguments (Engine only) are checked before jax.distributed is touched.
+    with pytest.raises(ServerArgsError, match="nnodes > 1 needs dist_init_addr"):
+        ServerArgs(model_path=tiny_qwen3_dir, nnodes=2).check()
+    with pytest.raises(ServerArgsError, match="node_rank 2 must be < nnodes 2"):
+        ServerArgs(model_path=tiny_qwen3_dir, nnodes=2, node_rank=2, dist_init_addr="127.0.0.1:1234").check()
+    with pytest.raises(ServerArgsError, match="nnodes must be an integer >= 1"):
+        Engine(model_path=tiny_qwen3_dir, nnodes=0)
 
 
 def test_megatron_partition_specs():
