@@ -6,8 +6,10 @@ Per tp size, in a fresh process (on CPU with that many virtual devices,
 XLA_FLAGS=--xla_force_host_platform_device_count=N; on an accelerator the real devices): the
 median time of a greedy decode step (B sequences, one token each) and of a verify step (B blocks
 of K tokens) at a fixed context, the weights and KV bytes per device, and whether the greedy
-tokens equal tp=1's. On ONE CPU the tp>1 runs are slower (N virtual devices share the cores and
-add all-reduces): the numbers measure the partitioning's overhead and check correctness, not speed.
+tokens equal tp=1's. On one CPU the N virtual devices are N threads over the same cores, with
+all-reduces between them: tp>1 can come out faster (more cores busy than one device keeps busy) or
+slower; the numbers check correctness, memory per device and that the partitioned steps run,
+they are not a speed claim. Writes JSON (with the load average) and a PNG beside it.
 Default model: a random Llama (8 layers, hidden 512, 8/4 heads, MLP 1536, vocab 8192, fp32).
 """
 
@@ -75,7 +77,8 @@ def measure(model_path: str, tp: int, batch: int, block: int, context: int, repe
         verify_s.append(time.perf_counter() - start)
     memory = runner.memory_per_device()
     return {
-        "tp": tp, "devices": [str(d) for d in jax.devices()[:tp]], "tokens": tokens,
+        "tp": tp, "devices": [str(d) for d in jax.devices()[:tp]], "devices_kind": jax.devices()[0].device_kind,
+        "tokens": tokens,
         "decode_ms": 1e3 * statistics.median(decode_s), "verify_ms": 1e3 * statistics.median(verify_s),
         "weights_bytes_per_device": sorted(memory["weights"].values()),
         "kv_bytes_per_device": sorted(memory["kv"].values()),
@@ -110,11 +113,39 @@ def main(argv: list[str] | None = None) -> int:
               f"KV/device {row['kv_bytes_per_device'][-1] / 2**20:.2f} MiB, "
               f"greedy tokens equal tp={base['tp']}: {row['tokens_equal_first']}, "
               f"steady-state compilations: {row['new_compilations']}")
-    report = {"machine": platform.platform(), "cpus": os.cpu_count(), "batch": args.batch, "block": args.block,
+    report = {"machine": platform.platform(), "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
+              "devices_kind": rows[0]["devices_kind"], "batch": args.batch, "block": args.block,
               "context": args.context, "model": args.model_path or SHAPE, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
+    plot(report, str(Path(args.out).with_suffix(".png")))
     return 0 if all(row["tokens_equal_first"] for row in rows) else 1
+
+
+def plot(report: dict, path: str) -> None:
+    """Step times (left) and the largest per-device weights / KV share (right) per tp size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    labels = [f"tp={row['tp']}" for row in rows]
+    fig, (times, memory) = plt.subplots(1, 2, figsize=(10, 4))
+    for offset, (key, name) in enumerate((("decode_ms", "decode step"), ("verify_ms", f"verify K={report['block']}"))):
+        times.bar([i + 0.4 * offset for i in range(len(rows))], [row[key] for row in rows], 0.4, label=name)
+    times.set(xticks=[i + 0.2 for i in range(len(rows))], xticklabels=labels, ylabel="median ms")
+    times.legend()
+    for offset, (key, name) in enumerate((("weights_bytes_per_device", "weights"), ("kv_bytes_per_device", "KV pool"))):
+        memory.bar([i + 0.4 * offset for i in range(len(rows))], [row[key][-1] / 2**20 for row in rows], 0.4, label=name)
+    memory.set(xticks=[i + 0.2 for i in range(len(rows))], xticklabels=labels, ylabel="MiB on the fullest device")
+    memory.legend()
+    where = (f"{report['devices_kind']} virtual devices on {report['cpus']} cores: not a speed claim"
+             if report["devices_kind"] == "cpu" else report["devices_kind"])
+    fig.suptitle(f"tensor parallel, {where}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _run_worker(model_path: str, tp: int, args: argparse.Namespace) -> dict:

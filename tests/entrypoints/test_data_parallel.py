@@ -160,3 +160,5 @@ def test_refusals_at_launch(pair, tmp_path):
     assert done.returncode == 2 and "tp_size 2 needs 2 devices, but JAX sees 1" in done.stderr
     done = launch("--model-path", target, "--router-policy", "random")  # router flags need --dp-size
     assert done.returncode == 2 and "--router-policy" in done.stderr
+    done = launch("--model-path", target, "--dp-size", "0")
+    assert done.returncode == 2 and "--dp-size must be an integer >= 1, got 0" in done.stderr
