@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -64,8 +66,16 @@ def expected_shapes(config: TargetConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_target(model_dir: str | os.PathLike, dtype: str = "float32") -> tuple[TargetConfig, dict]:
-    """Read config.json and the safetensors weights of `model_dir`; return (config, params)."""
+def load_target(
+    model_dir: str | os.PathLike,
+    dtype: str = "float32",
+    sharding: Callable[[str, int], jax.sharding.Sharding] | None = None,
+) -> tuple[TargetConfig, dict]:
+    """Read config.json and the safetensors weights of `model_dir`; return (config, params).
+
+    `sharding(params key, ndim)` -> Sharding places each array straight from the host onto its
+    devices (tensor parallelism: each device receives only its shard; the whole
+    array never lands on one device). None: the default device."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     model_dir = Path(model_dir)
@@ -80,6 +90,9 @@ def load_target(model_dir: str | os.PathLike, dtype: str = "float32") -> tuple[T
         raise CheckpointError(f"{model_dir}: missing tensors: {shown}")
 
     target = _DTYPES[dtype]
+
+    def put(name: str, array: np.ndarray) -> jax.Array:
+        return jnp.asarray(array) if sharding is None else jax.device_put(array, sharding(name, array.ndim))
 
     def read(name: str, transpose: bool = False) -> np.ndarray:
         array = tensors.read(name)
@@ -98,14 +111,14 @@ def load_target(model_dir: str | os.PathLike, dtype: str = "float32") -> tuple[T
         stacked = np.stack(
             [read(f"model.layers.{i}.{suffix}", transpose) for i in range(config.num_hidden_layers)]
         )
-        layers[ours] = jnp.asarray(stacked)
+        layers[ours] = put(ours, stacked)
         del stacked
-    embed = jnp.asarray(read("model.embed_tokens.weight"))
+    embed = put("embed", read("model.embed_tokens.weight"))
     params = {
         "embed": embed,
         "layers": layers,
-        "norm": jnp.asarray(read("model.norm.weight")),
-        "lm_head": embed if config.tie_word_embeddings else jnp.asarray(read("lm_head.weight")),
+        "norm": put("norm", read("model.norm.weight")),
+        "lm_head": embed if config.tie_word_embeddings else put("lm_head", read("lm_head.weight")),
     }
     return config, params
 

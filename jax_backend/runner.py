@@ -6,13 +6,15 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import model, sampling, steps
+from jax_backend import model, sampling, sharding, steps
 from jax_backend.batch import BatchError, SeqInput, build_batch
+from jax_backend.config import TargetConfig
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.loader import load_target
 from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
@@ -73,13 +75,18 @@ class TargetRunner:
         aux_layer_ids: Sequence[int] = (),
         unroll_layers: bool = False,
         fuse_projections: bool = False,
+        tp_size: int = 1,
     ):
         """`unroll_layers`: run the decoder layers as straight-line code instead of one
         `lax.scan` (no per-layer carry copies or weight slicing: faster on a GPU per an H100
         experiment, but slower to compile; on CPU measured 5x slower, 1118 fusions per step).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
-        Both change XLA's float summation order only (results within float rounding)."""
-        self.config, self.params = load_target(model_dir, dtype)
+        Both change XLA's float summation order only (results within float rounding).
+        `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
+        self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
+        self.config, self.params = load_target(
+            model_dir, dtype, None if self.mesh is None else sharding.param_sharding(self.mesh, self._tp_config)
+        )
         config = self.config
         aux_layer_ids = tuple(int(l) for l in aux_layer_ids)
         bad = [l for l in aux_layer_ids if not 0 <= l < config.num_hidden_layers]
@@ -102,7 +109,7 @@ class TargetRunner:
         self.pages_per_seq = -(-max_model_len // page_size)
         num_pages = -(-max_total_tokens // page_size) + 1  # + scratch page 0
         self.allocator = PageAllocator(num_pages, page_size)
-        self.kv_pool = jnp.zeros(
+        self.kv_pool = self._zeros_pool(
             (
                 config.num_hidden_layers,
                 num_pages,
@@ -124,7 +131,7 @@ class TargetRunner:
         def step(params, kv_pool, batch):
             return model.forward(params, config, kv_pool, batch, aux_layer_ids)
 
-        self._step = jax.jit(step, donate_argnums=1)
+        self._step = self._jit_step(step, free_outputs=(0,))  # (logits, aux, pool)
         last = config.num_hidden_layers - 1
         self._norm_block = aux_layer_ids.index(last) if last in aux_layer_ids else None
         self._sample_steps: dict[str, Callable] = {}  # by sampling mode
@@ -233,11 +240,38 @@ class TargetRunner:
     # -- internals --------------------------------------------------------------------------
     def _jitted(self, cache: dict, mode: str, body: Callable, **static) -> Callable:
         if mode not in cache:
-            cache[mode] = jax.jit(
-                functools.partial(body, config=self.config, aux_layer_ids=self.aux_layer_ids, mode=mode, **static),
-                donate_argnums=1,
+            cache[mode] = self._jit_step(
+                functools.partial(body, config=self.config, aux_layer_ids=self.aux_layer_ids, mode=mode, **static)
             )
         return cache[mode]
+
+    # -- tensor parallelism: where params and the pool live, and the steps' shardings ---------
+    def _tp_mesh(self, model_dir, tp_size: int, fuse_projections: bool):
+        """None for one device (the single-device path, unchanged); else the checked 1-D mesh."""
+        if tp_size == 1:
+            return None
+        self._tp_config = TargetConfig.from_file(Path(model_dir) / "config.json")
+        sharding.check_tp_size(self._tp_config, tp_size)
+        if fuse_projections:
+            raise sharding.TensorParallelError("fuse_projections cannot be combined with tp_size > 1")
+        return sharding.make_mesh(tp_size)
+
+    def _zeros_pool(self, shape: tuple[int, ...], dtype) -> jax.Array:
+        if self.mesh is None:
+            return jnp.zeros(shape, dtype)
+        # Created in place on each device: the whole pool never exists on one device.
+        return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding.kv_pool_sharding(self.mesh))()
+
+    def _jit_step(self, body: Callable, free_outputs: tuple[int, ...] = ()) -> Callable:
+        """jit a step whose argument 1 is the pool (donated) and whose last output is the new pool;
+        under tp the params and pool come in sharded and XLA partitions the step."""
+        if self.mesh is not None:
+            body = sharding.shard_step(body, self.mesh, free_outputs)
+        return jax.jit(body, donate_argnums=1)
+
+    def memory_per_device(self) -> dict[str, dict[str, int]]:
+        """{"weights" | "kv": {device: bytes}}: what each device holds of the target."""
+        return {"weights": sharding.bytes_per_device(self.params), "kv": sharding.bytes_per_device(self.kv_pool)}
 
     def _aux_rows(self, aux: jax.Array, layout) -> list[jax.Array] | tuple:
         if not self.aux_layer_ids:

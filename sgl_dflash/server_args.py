@@ -34,6 +34,17 @@ class ServerArgs:
     # Hot-token map (SGLang's FR-Spec flag): the drafter's argmax runs over these token ids only.
     speculative_token_map: str | None = None
     random_seed: int = 0
+    # Scale-out (docs/scale.md), SGLang's flags: tensor parallel = the target's params and KV pages
+    # sharded over tp_size devices (jax_backend/sharding.py); data parallel = dp_size servers behind
+    # sglang-router (launch_server only: sgl_dflash/entrypoints/data_parallel.py).
+    tp_size: int = 1
+    dp_size: int = 1
+    # Engine only (no CLI flag: the HTTP server is one process): tensor parallel across hosts.
+    # Every host runs the same Engine calls; jax.distributed.initialize(dist_init_addr, nnodes,
+    # node_rank) joins them, and tp_size counts the devices of all hosts.
+    dist_init_addr: str | None = None  # "host:port" of node 0's coordinator
+    nnodes: int = 1
+    node_rank: int = 0
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
@@ -86,6 +97,7 @@ class ServerArgs:
         _require_int(self.max_running_requests, "--max-running-requests", minimum=1)
         _require_int(self.max_prefill_tokens, "--max-prefill-tokens", minimum=1)
         _require_int(self.random_seed, "--random-seed", minimum=0)
+        self._check_parallel(target)
         _require_int(self.port, "--port", minimum=0)
         _require_int(self.max_request_body_bytes, "--max-request-body-bytes", minimum=1)
         if self.request_timeout is not None and (
@@ -122,6 +134,32 @@ class ServerArgs:
         if algorithm.validate_server_args is not None:
             algorithm.validate_server_args(self)
         return self
+
+    def _check_parallel(self, target: dict[str, Any]) -> None:
+        """Sizes only (config.json); the device count is checked where the devices are: when the
+        target is placed (jax_backend.sharding.check_tp_size)."""
+        _require_int(self.tp_size, "--tp-size", minimum=1)
+        _require_int(self.dp_size, "--dp-size", minimum=1)
+        self.check_distributed()
+        heads = target.get("num_attention_heads")
+        for key, count in (
+            ("num_key_value_heads", target.get("num_key_value_heads") or heads),
+            ("num_attention_heads", heads),
+            ("intermediate_size", target.get("intermediate_size")),
+        ):
+            if isinstance(count, int) and count % self.tp_size:
+                raise ServerArgsError(
+                    f"--tp-size {self.tp_size} does not divide the target's {key} ({count}): every "
+                    f"device must hold whole attention heads and an equal share of the MLP"
+                )
+
+    def check_distributed(self) -> None:
+        _require_int(self.nnodes, "nnodes", minimum=1)
+        _require_int(self.node_rank, "node_rank", minimum=0)
+        if self.node_rank >= self.nnodes:
+            raise ServerArgsError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ServerArgsError("nnodes > 1 needs dist_init_addr (host:port of node 0's coordinator)")
 
     def _check_aux_hidden_layers(self, algorithm: Any, num_layers: int) -> None:
         if not algorithm.is_none():
@@ -161,6 +199,10 @@ class ServerArgs:
         add("--speculative-token-map", default=None,
             help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
         add("--random-seed", type=int, default=d["random_seed"].default)
+        add("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default, dest="tp_size",
+            help="tensor parallel: shard the target over this many devices (it must divide the KV heads)")
+        add("--dp-size", "--data-parallel-size", type=int, default=d["dp_size"].default, dest="dp_size",
+            help="data parallel: this many servers behind sglang-router on --host/--port")
         add("--host", default=d["host"].default)
         add("--port", type=int, default=d["port"].default)
         add("--api-key", default=None)

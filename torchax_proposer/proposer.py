@@ -122,6 +122,17 @@ class DFlashProposer:
         # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.
         self.pending_bucket = next_power_of_two(self.block_size)
         self._no_rows = jnp.zeros((self.pending_bucket, self.num_features), self.dtype)
+        # A tensor-parallel target's embed / lm_head live on a device mesh (split on the vocabulary;
+        # used as they are, no copy). The drafter is small: its own arrays are replicated over the
+        # same devices, so its programs run there with one fixed input placement (no per-call
+        # transfers, no recompiles as placements change).
+        replicated = _replicated_over(target_embed)
+        if replicated is not None:
+            self.params, self.k_cache, self.v_cache, self._no_rows, self.token_map = jax.device_put(
+                (self.params, self.k_cache, self.v_cache, self._no_rows, self.token_map), replicated
+            )
+            if self.token_map is not None:  # the mapped lm_head is a new, small array
+                self.lm_head = jax.device_put(self.lm_head, replicated)
         self._jit = jitted_drafter(self.config, self.block_size)
         self._seqs: dict[Any, _SeqState] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
@@ -366,3 +377,11 @@ class DFlashProposer:
         )
         state.cache_len += num_rows
         state.pending, state.num_pending = None, 0
+
+
+def _replicated_over(array: Any) -> jax.sharding.NamedSharding | None:
+    """Replicated placement over `array`'s device mesh when it spans several devices, else None."""
+    sharding = getattr(array, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return None

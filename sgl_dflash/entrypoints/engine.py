@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.errors import InvalidRequestError, ServerArgsError
 from sgl_dflash.managers.detokenizer_manager import final_text
 from sgl_dflash.managers.schedule_batch import Req, new_rid
 from sgl_dflash.managers.scheduler import Scheduler
@@ -14,10 +14,25 @@ from sgl_dflash.server_args import ServerArgs
 
 
 class Engine:
-    """In-process generation: every prompt of a call is queued at once and decoded in one batch."""
+    """In-process generation: every prompt of a call is queued at once and decoded in one batch.
+    `tp_size=N` shards the target over N devices; with `nnodes`, `node_rank` and `dist_init_addr`
+    over the devices of several hosts, each running the same calls (docs/scale.md)."""
 
     def __init__(self, **kwargs: Any):
         self.server_args = ServerArgs(**kwargs)
+        if self.server_args.dp_size != 1:
+            # One engine is one process; SGLang's dp_size starts replicas, which here are servers.
+            raise ServerArgsError(
+                f"dp_size={self.server_args.dp_size}: data parallel runs replicas behind sglang-router; "
+                "use `python -m sgl_dflash.launch_server --dp-size N` (docs/scale.md)"
+            )
+        self.server_args.check_distributed()
+        if self.server_args.nnodes > 1:  # before anything starts a JAX backend
+            import jax
+
+            if not jax.distributed.is_initialized():  # once per process (several engines may follow)
+                jax.distributed.initialize(self.server_args.dist_init_addr, num_processes=self.server_args.nnodes,
+                                           process_id=self.server_args.node_rank)
         self.scheduler = Scheduler(self.server_args)
         self.tokenizer = self.scheduler.tokenizer
 

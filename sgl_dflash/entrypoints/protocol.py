@@ -137,6 +137,19 @@ class GenerateReqInput(BaseModel):
     return_text_in_logprobs: bool = False
     stream: bool = False
     log_metrics: bool = True
+    # SGLang fields that sglang-router writes into every request it forwards (data parallel,
+    # docs/scale.md): accepted at their neutral value, refused by name otherwise
+    # (ROUTER_FIELDS_OFF). `model` is ignored: a server serves one model.
+    model: str | None = None
+    no_logs: bool = False
+    return_hidden_states: bool = False
+    background: bool = False
+    return_bytes: bool = False
+    return_entropy: bool = False
+
+
+# Request options this runtime does not implement: only False passes.
+ROUTER_FIELDS_OFF = ("return_hidden_states", "background", "return_bytes", "return_entropy")
 
 
 class AbortReqInput(BaseModel):
@@ -167,6 +180,9 @@ def normalize(obj: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
         is_batch = isinstance(obj.input_ids[0], list)
         prompts = obj.input_ids if is_batch else [obj.input_ids]
     n = len(prompts)
+    for name in ROUTER_FIELDS_OFF:
+        if getattr(obj, name):
+            raise InvalidRequestError(f"`{name}` is not supported by this server", param=name)
 
     def per_prompt(name: str, value: Any, default: Any) -> list[Any]:
         if isinstance(value, list):

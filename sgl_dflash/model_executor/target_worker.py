@@ -51,6 +51,7 @@ class TargetWorker:
             max_num_seqs=server_args.max_running_requests,
             max_model_len=server_args.context_length + tokens_per_step,
             aux_layer_ids=aux_layer_ids,
+            tp_size=getattr(server_args, "tp_size", 1),
         )
         self.allocator = self.runner.allocator
         self.vocab_size = self.runner.config.vocab_size
