@@ -87,28 +87,38 @@ def _timeout_error(timeout: float) -> GenerationError:
 async def run_to_completion(
     tm: TokenizerManager, requests: list[GenerateRequest], reqs: list[Any], request: Request | None
 ) -> list[dict[str, Any]]:
-    """Final outputs of prepared requests run concurrently; on any failure (or when
-    --request-timeout runs out) the rest are aborted."""
-    is_disconnected = request.is_disconnected if request is not None else None
+    """Final outputs of prepared requests run concurrently; on any failure, when the client
+    disconnects, or when --request-timeout runs out, the rest are aborted."""
     timeout = tm.server_args.request_timeout
 
     async def last(r: GenerateRequest, req: Any) -> dict[str, Any]:
         out = None
-        async for out in tm.generate(r, req, is_disconnected):
+        async for out in tm.generate(r, req):
             pass
-        if out is None:
-            raise GenerationError("the client disconnected", 499)
         return out
 
     tasks = [asyncio.ensure_future(last(r, req)) for r, req in zip(requests, reqs)]
+    outputs = asyncio.gather(*tasks)
+    outputs.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
+    # The body is read; the next ASGI message is the disconnect (event-driven, not polled).
+    gone = asyncio.ensure_future(_client_gone(request)) if request is not None else None
     try:
         async with asyncio.timeout(timeout):  # None: no limit
-            return list(await asyncio.gather(*tasks))
+            done, _ = await asyncio.wait([f for f in (outputs, gone) if f is not None],
+                                         return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
         raise _timeout_error(timeout) from None
     finally:
-        for t in tasks:  # cancelling a request's task aborts it (TokenizerManager.generate)
-            t.cancel()
+        for t in [*tasks, *([gone] if gone is not None else [])]:
+            t.cancel()  # cancelling a request's task aborts it (TokenizerManager.generate)
+    if outputs not in done:
+        raise GenerationError("the client disconnected", 499)
+    return list(outputs.result())
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def merge_streams(

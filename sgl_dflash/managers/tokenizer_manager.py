@@ -36,9 +36,6 @@ from sgl_dflash.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# How often a waiting non-streaming handler checks whether its client is still there.
-DISCONNECT_POLL_S = 0.25
-
 
 class _ReqState:
     def __init__(self, request: GenerateRequest, req: Req):
@@ -49,7 +46,6 @@ class _ReqState:
         self.detokenizer: IncrementalDetokenizer | None = None  # made on the first streamed chunk
         self.arrival = time.perf_counter()
         self.first_output_time: float | None = None
-        self.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
         self.done = False
 
 
@@ -263,14 +259,12 @@ class TokenizerManager:
         self,
         request: GenerateRequest,
         req: Req,
-        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one prepared request; yields cumulative outputs (every step when streaming, else
         only the final one) shaped like SGLang's: {"text", "output_ids", "meta_info"}.
 
-        `is_disconnected` (non-streaming requests) is polled so that a client that went away
-        gets its request aborted; a streaming response is cancelled by the server instead,
-        which lands in the `finally` below.
+        Cancelling the caller's task (a client that went away, a timeout) aborts the request:
+        that lands in the `finally` below.
         """
         if req.rid in self._states:
             raise InvalidRequestError(f"request id {req.rid!r} is already in use")
@@ -283,9 +277,7 @@ class TokenizerManager:
                 state.done = True  # never queued
                 raise
             while True:
-                snap = await self._next_snapshot(state, is_disconnected)
-                if snap is None:  # the client went away
-                    return
+                snap = await self._next_snapshot(state)
                 finished = snap.finished_reason is not None
                 if state.first_output_time is None and snap.output_ids:
                     state.first_output_time = time.perf_counter()
@@ -309,23 +301,9 @@ class TokenizerManager:
                 self.metrics.num_aborted_requests.inc()
             self._states.pop(req.rid, None)
 
-    async def _next_snapshot(
-        self, state: _ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None
-    ) -> Snapshot | None:
-        """The latest snapshot (intermediate ones are cumulative, so they may be skipped), or
-        None when the client went away. The client is checked every DISCONNECT_POLL_S whether
-        or not snapshots keep coming."""
-        while True:
-            if is_disconnected is not None and time.monotonic() >= state.next_disconnect_check:
-                state.next_disconnect_check = time.monotonic() + DISCONNECT_POLL_S
-                if await is_disconnected():
-                    logger.info("client of %s disconnected; aborting it", state.req.rid)
-                    return None
-            try:
-                snap = await asyncio.wait_for(state.queue.get(), timeout=DISCONNECT_POLL_S)
-                break
-            except TimeoutError:
-                continue
+    async def _next_snapshot(self, state: _ReqState) -> Snapshot:
+        """The latest snapshot (intermediate ones are cumulative, so they may be skipped)."""
+        snap = await state.queue.get()
         while not state.queue.empty() and snap.finished_reason is None:
             snap = state.queue.get_nowait()
         return snap

@@ -285,8 +285,12 @@ def test_requests_outgrowing_the_kv_pool_are_retracted_and_still_exact(url, engi
     assert after["num_free_pages"] == after["total_pages"]
 
 
-def test_non_streaming_disconnect_aborts_the_request(url):
-    # A client that hangs up on a running non-streaming request frees its pages too.
+def test_non_streaming_disconnect_aborts_the_request(url, server, monkeypatch):
+    # A client that hangs up on a running non-streaming request frees its pages too. Each step
+    # is slowed (200 steps >= 4 s) so that the request cannot finish before the hang-up lands.
+    scheduler = server.tokenizer_manager.scheduler
+    step = scheduler.step
+    monkeypatch.setattr(scheduler, "step", lambda: (time.sleep(0.02), step())[1])
     aborted_before = metric(url, "sglang:num_aborted_requests_total")
     body = json.dumps({"text": "slow one", "sampling_params": {"max_new_tokens": 200, "temperature": 0,
                                                                "ignore_eos": True}}).encode()
