@@ -8,11 +8,12 @@ For each prompt set (gsm8k, math500, humaneval, mbpp, mt-bench from sgl_dflash.t
 serves the same prompts through its scheduler with c requests in flight (a closed loop: a request
 joins as soon as one finishes, like c clients each sending their next prompt), greedy, chat
 template. Engines use the engine's defaults (context, KV budget, running requests) and live side
-by side: the configurations take turns on every (set, c) row, so a shared machine's drifting load
-hits them alike; compare the ratios within a row. Each configuration serves every row twice and
-the second pass is measured: the first compiles the shapes the row needs (prompt-length and
-context buckets; JAX compiles on first use, which would otherwise dominate short runs) and is
-where the adaptive policy measures its step costs (it keeps learning in the measured pass too).
+by side in one process; on every (set, c) row they take scheduler steps in turn (who steps first
+rotates per row) and each is timed over its own steps only, so a shared machine's changing load
+falls on all of them alike. Each row is served twice and the second pass is measured: the first
+compiles the shapes the row needs (prompt-length and context buckets; JAX compiles on first use,
+which would otherwise dominate short runs) and is where the adaptive policy first measures its step
+costs (it keeps learning in the measured pass too).
 
 Writes <out>/concurrency.json (tokens/s, ratios to NONE and to the best fixed block, outputs equal to
 NONE's, chosen verify lengths) and <out>/concurrency.png (tokens/s per concurrency, one panel per set).
@@ -47,38 +48,62 @@ def prompt_sets(names: list[str], count: int, offset: int = 0) -> dict[str, list
     return sets
 
 
-def serve(engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> dict:
-    """Serve `prompts` through the engine's scheduler with `concurrency` requests in flight."""
-    from sgl_dflash.managers.schedule_batch import Req, new_rid
-    from sgl_dflash.sampling_params import SamplingParams
+class ClosedLoop:
+    """One engine serving `prompts` through its scheduler with `concurrency` requests in flight,
+    one scheduler step at a time; `seconds` counts only this engine's own steps."""
 
-    scheduler, queue, running, done = engine.scheduler, list(prompts), [], {}
-    order = {}
-    start = time.perf_counter()
-    while queue or running:
-        while queue and len(running) < concurrency:
-            req = Req(new_rid(), queue.pop(0), SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
-            order[req.rid] = len(order)
-            scheduler.add_request(req)
-            running.append(req)
-        scheduler.step()
-        for req in [r for r in running if r.finished]:
-            running.remove(req)
-            done[order[req.rid]] = req
-    seconds = time.perf_counter() - start
-    reqs = [done[i] for i in range(len(done))]
-    tokens = sum(len(r.output_ids) for r in reqs)
-    result = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-              "outputs": [list(r.output_ids) for r in reqs]}
-    if reqs and reqs[0].spec_verify_ct:
-        steps = sum(r.spec_verify_ct for r in reqs)
-        result.update(
-            tokens_per_step=(tokens - len(reqs)) / max(1, steps),  # the first token is the prefill's
-            mean_verify_len=sum(r.spec_num_proposed_drafts for r in reqs) / max(1, steps),
-            no_spec_fraction=sum(r.spec_no_spec_steps for r in reqs) / max(1, steps),
-            accept_rate=sum(r.spec_num_correct_drafts for r in reqs) / max(1, sum(r.spec_num_proposed_drafts for r in reqs)),
-        )
-    return result
+    def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
+        self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
+        self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
+
+    @property
+    def finished(self) -> bool:
+        return not (self.queue or self.running)
+
+    def step(self) -> None:
+        from sgl_dflash.managers.schedule_batch import Req, new_rid
+        from sgl_dflash.sampling_params import SamplingParams
+
+        start = time.perf_counter()
+        while self.queue and len(self.running) < self.concurrency:
+            params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
+            req = Req(new_rid(), self.queue.pop(0), params)
+            self.order[req.rid] = len(self.order)
+            self.scheduler.add_request(req)
+            self.running.append(req)
+        self.scheduler.step()
+        self.seconds += time.perf_counter() - start
+        for req in [r for r in self.running if r.finished]:
+            self.running.remove(req)
+            self.done[self.order[req.rid]] = req
+
+    def result(self) -> dict:
+        reqs = [self.done[i] for i in range(len(self.done))]
+        tokens = sum(len(r.output_ids) for r in reqs)
+        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": tokens / self.seconds,
+                  "outputs": [list(r.output_ids) for r in reqs]}
+        if reqs and reqs[0].spec_verify_ct:
+            steps = sum(r.spec_verify_ct for r in reqs)
+            drafts = sum(r.spec_num_proposed_drafts for r in reqs)
+            result.update(
+                tokens_per_step=(tokens - len(reqs)) / max(1, steps),  # the first token is the prefill's
+                mean_verify_len=drafts / max(1, steps),
+                no_spec_fraction=sum(r.spec_no_spec_steps for r in reqs) / max(1, steps),
+                accept_rate=sum(r.spec_num_correct_drafts for r in reqs) / max(1, drafts),
+            )
+        return result
+
+
+def serve(engines: dict, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> dict[str, dict]:
+    """Every engine serves `prompts` in a closed loop of `concurrency`; the engines take scheduler
+    steps in turn, so that a shared machine's changing load falls on all of them alike (each is
+    timed over its own steps only)."""
+    loops = {name: ClosedLoop(engine, prompts, concurrency, max_new_tokens) for name, engine in engines.items()}
+    while not all(loop.finished for loop in loops.values()):
+        for loop in loops.values():
+            if not loop.finished:
+                loop.step()
+    return {name: loop.result() for name, loop in loops.items()}
 
 
 def make_engines(args) -> dict:
@@ -116,19 +141,20 @@ def run(args) -> dict:
     sets = {name: [chat_prompt_ids(tokenizer, p) for p in prompts]
             for name, prompts in prompt_sets(args.datasets, count).items()}
     names = list(engines)
-    progress = tqdm(total=2 * len(names) * len(args.concurrency) * len(sets), desc="bench_concurrency", unit="pass")
+    progress = tqdm(total=2 * len(args.concurrency) * len(sets), desc="bench_concurrency", unit="pass")
 
     results = {"config": vars(args) | {"out": str(args.out)}, "machine": _machine(), "rows": {}}
     fixed = [n for n in names if n.startswith("B=")]
     for set_name, prompts in sets.items():
         for c in args.concurrency:
-            row, first = {}, len(results["rows"]) % len(names)
-            turn = names[first:] + names[:first]  # rotate who goes first
-            for name in turn:
-                for measured in (False, True):  # the first pass compiles (and the policy measures costs)
-                    progress.set_postfix_str(f"{set_name} {name} c={c}" + ("" if measured else " warm"))
-                    row[name] = serve(engines[name], prompts[: max(c, args.num_prompts)], c, args.max_new_tokens)
-                    progress.update()
+            first = len(results["rows"]) % len(names)
+            turn = names[first:] + names[:first]  # rotate who steps first
+            group = {name: engines[name] for name in turn}
+            for measured in (False, True):  # the first pass compiles (and the policy measures costs)
+                progress.set_postfix_str(f"{set_name} c={c}" + ("" if measured else " warm"))
+                row = serve(group, prompts[: max(c, args.num_prompts)], c, args.max_new_tokens)
+                progress.update()
+            row = {name: row[name] for name in names}
             base = row["NONE"]["outputs"]
             for name, r in row.items():
                 r["exact"] = sum(a == b for a, b in zip(r.pop("outputs"), base))

@@ -12,25 +12,35 @@ def test_serve_keeps_concurrency_and_returns_the_engines_outputs(none_engine, df
                                                                   monkeypatch):
     engine = dflash_engine(4)
     prompts = spec_prompts * 2
-    scheduler, in_flight = engine.scheduler, []
-    step = scheduler.step
+    scheduler, in_flight, turns = engine.scheduler, [], []
+    step, none_step = scheduler.step, none_engine.scheduler.step
 
     def watched():
         in_flight.append(sum(not r.finished for r in scheduler.running) + len(scheduler.waiting))
+        turns.append("B=4")
         return step()
 
+    def none_watched():
+        turns.append("NONE")
+        return none_step()
+
     monkeypatch.setattr(scheduler, "step", watched)
-    result = bc.serve(engine, prompts, concurrency=3, max_new_tokens=9)
+    monkeypatch.setattr(none_engine.scheduler, "step", none_watched)
+    both = bc.serve({"NONE": none_engine, "B=4": engine}, prompts, concurrency=3, max_new_tokens=9)
     assert max(in_flight) == 3 and in_flight[0] == 3  # c requests in flight, never more
+    both_running = 2 * min(turns.count("NONE"), turns.count("B=4"))
+    assert turns[:both_running] == ["NONE", "B=4"] * (both_running // 2)  # the engines step in turn
+    monkeypatch.undo()
     expected = [o["output_ids"] for o in none_engine.generate(
         input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": 9})]
-    assert result["outputs"] == expected  # in prompt order, equal to NONE's greedy outputs
+    result = both["B=4"]
+    assert result["outputs"] == both["NONE"]["outputs"] == expected  # in prompt order, as the engine's own
     assert result["tokens"] == sum(map(len, expected))
     assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["seconds"])
     assert 1.0 <= result["tokens_per_step"] <= 4.0 and result["mean_verify_len"] == pytest.approx(3.0)
     assert result["no_spec_fraction"] == 0.0 and 0.0 <= result["accept_rate"] <= 1.0
 
-    plain = bc.serve(none_engine, prompts, concurrency=8, max_new_tokens=9)
+    plain = bc.serve({"NONE": none_engine}, prompts, concurrency=8, max_new_tokens=9)["NONE"]
     assert plain["outputs"] == expected and "tokens_per_step" not in plain
 
 
