@@ -47,8 +47,8 @@ class SampleOutput:
 class VerifyOutput:
     """Per block: `accepted` drafts (np.int32 [n]), the target's `bonus` token after them
     (np.int32 [n]), and `features` [S, B, n_aux*H] (device; rows >= n are padding): the drafter's
-    context features (`hidden_state_features`) of every block row; sequence i commits rows
-    0 .. accepted[i]."""
+    context features (`hidden_state_features`) of every block row (rows past a ragged block's
+    end repeat its last row); sequence i commits rows 0 .. accepted[i]."""
 
     accepted: np.ndarray
     bonus: np.ndarray
@@ -200,27 +200,36 @@ class TargetRunner:
         top_k: Sequence[int] | None = None,
         draft_probs: jax.Array | None = None,
         key: jax.Array | None = None,
+        block_size: int | None = None,
     ) -> VerifyOutput:
-        """Verify one block per sequence: token_ids = [bonus, d_1 .. d_{B-1}] (the same B for all),
-        logits "all". Greedy (no temperature, or all <= 0): accept while the drafts equal the
-        target's argmax (`sampling.greedy_accept`). Otherwise rejection sampling
-        (`sampling.rejection_accept`) with `draft_probs` q [bucket(n), B-1, V] and `key`; rows of
-        a greedy sequence get one-hot p and q, which is greedy acceptance exactly."""
-        block = len(seqs[0].token_ids) if seqs else 0
-        if block < 2 or any(len(seq.token_ids) != block or seq.logits != "all" for seq in seqs):
-            raise BatchError("verify: every sequence needs the same block of >= 2 tokens and logits='all'")
+        """Verify one block per sequence: token_ids = [bonus, d_1 .. d_k], logits "all". Blocks
+        may be ragged (k = 0 is a plain decode step that still returns the next token): they run
+        packed as they are, and the acceptance sees them padded to `block_size` B rows (default:
+        the longest block; a fixed B keeps one compiled acceptance per batch shape) with each
+        sequence's own k as its valid length. Greedy (no temperature, or all <= 0): accept while
+        the drafts equal the target's argmax (`sampling.greedy_accept`). Otherwise rejection
+        sampling (`sampling.rejection_accept`) with `draft_probs` q [bucket(n), B-1, V] and `key`;
+        rows of a greedy sequence get one-hot p and q, which is greedy acceptance exactly."""
+        lengths = [len(seq.token_ids) for seq in seqs]
+        block = max(lengths, default=0) if block_size is None else block_size
+        if not seqs or block < 2 or max(lengths) > block or any(seq.logits != "all" for seq in seqs):
+            raise BatchError("verify: every sequence needs a block of 1 .. block_size (>= 2) tokens and logits='all'")
         if not self.aux_layer_ids:
             raise BatchError("verify returns the drafter's features: the runner needs aux_layer_ids")
         batch, layout = self._batch(seqs)
         num_seqs = batch.kv_lens.shape[0]
         n = len(seqs)
-        offsets = np.arange(block, dtype=np.int32)[None, :]
+        # Block position j of sequence i is its packed row min(j, k_i): padding repeats the last row.
+        offsets = np.minimum(np.arange(block, dtype=np.int32)[None, :], np.asarray(lengths, np.int32)[:, None] - 1)
         block_rows = np.zeros((num_seqs, block), np.int32)
         token_rows = np.zeros((num_seqs, block), np.int32)
         block_rows[:n] = np.asarray(layout.logit_starts, np.int32)[:, None] + offsets
         token_rows[:n] = np.asarray(layout.token_starts, np.int32)[:, None] + offsets
         drafts = np.zeros((num_seqs, block - 1), np.int32)
-        drafts[:n] = [seq.token_ids[1:] for seq in seqs]
+        num_drafts = np.zeros(num_seqs, np.int32)
+        for i, seq in enumerate(seqs):
+            drafts[i, : lengths[i] - 1] = seq.token_ids[1:]
+            num_drafts[i] = lengths[i] - 1
         greedy = temperature is None
         if not greedy:
             arrays = _per_row(num_seqs, block, temperature, top_p, top_k)
@@ -232,7 +241,7 @@ class TargetRunner:
             raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
         accepted, bonus, features, self.kv_pool = fn(
-            self._step_params, self.kv_pool, batch, *jax.device_put((block_rows, token_rows, drafts)),
+            self._step_params, self.kv_pool, batch, *jax.device_put((block_rows, token_rows, drafts, num_drafts)),
             *arrays, draft_probs, key,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)

@@ -125,20 +125,36 @@ def _draw(logits: jax.Array, p: jax.Array, temperature: jax.Array, key: jax.Arra
 
 
 @jax.jit
-def greedy_accept(draft: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+def greedy_accept(
+    draft: jax.Array, target_logits: jax.Array, num_drafts: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """draft [n, B-1] tokens at block positions 1..B-1; target_logits [n, B, V] where row j
     predicts position j+1. Returns (accepted [n]: length of the matching draft prefix,
-    bonus [n]: the target's argmax right after it)."""
+    bonus [n]: the target's argmax right after it).
+
+    `num_drafts` [n] (optional): row i verifies only its first num_drafts[i] drafts (ragged
+    blocks padded to one width); the rest never match, so accepted[i] <= num_drafts[i]."""
     target = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [n, B]
-    match = (draft.astype(jnp.int32) == target[:, :-1]).astype(jnp.int32)
-    accepted = jnp.sum(jnp.cumprod(match, axis=-1), axis=-1)
+    match = (draft.astype(jnp.int32) == target[:, :-1]) & _valid(draft.shape, num_drafts)
+    accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=-1), axis=-1)
     bonus = jnp.take_along_axis(target, accepted[:, None], axis=-1)[:, 0]
     return accepted.astype(jnp.int32), bonus
 
 
+def _valid(shape: tuple[int, int], num_drafts: jax.Array | None) -> jax.Array:
+    """[n, B-1] bool: draft j of row i is verified (j < num_drafts[i]; all when None)."""
+    if num_drafts is None:
+        return jnp.ones(shape, bool)
+    return jnp.arange(shape[1])[None, :] < jnp.asarray(num_drafts, jnp.int32)[:, None]
+
+
 @jax.jit
 def rejection_accept(
-    draft: jax.Array, draft_probs: jax.Array, target_probs: jax.Array, key: jax.Array
+    draft: jax.Array,
+    draft_probs: jax.Array,
+    target_probs: jax.Array,
+    key: jax.Array,
+    num_drafts: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Speculative sampling (Leviathan et al.; dflash `_rejection_sample`), per row:
     accept draft j while u_j * q_j(d_j) < p_j(d_j) with u_j ~ U[0, 1); at the first rejection
@@ -146,6 +162,10 @@ def rejection_accept(
     zero); if all B-1 drafts pass, sample the bonus from p at the last position.
 
     draft [n, B-1], draft_probs q [n, B-1, V], target_probs p [n, B, V] -> (accepted, bonus).
+    `num_drafts` [n] (optional): row i verifies only its first num_drafts[i] drafts; when they
+    all pass, the bonus comes from p at position num_drafts[i] (q counts as 0 there), exactly
+    as for a block of num_drafts[i] + 1 tokens. Lossless as long as num_drafts does not depend
+    on the sampled drafts themselves (the adaptive policy reads only q, never the draws).
     """
     n, gamma = draft.shape
     draft = draft.astype(jnp.int32)
@@ -153,13 +173,17 @@ def rejection_accept(
     p_draft = jnp.take_along_axis(target_probs[:, :gamma], draft[..., None], axis=-1)[..., 0]
     q_draft = jnp.take_along_axis(draft_probs, draft[..., None], axis=-1)[..., 0]
     u = jax.random.uniform(key_accept, (n, gamma), jnp.float32)
-    passed = (u * q_draft < p_draft).astype(jnp.int32)
+    valid = _valid((n, gamma), num_drafts)
+    passed = ((u * q_draft < p_draft) & valid).astype(jnp.int32)
     accepted = jnp.sum(jnp.cumprod(passed, axis=-1), axis=-1)
 
-    # With q = 0 appended at the last position, "all accepted" is the residual case max(p, 0) = p.
+    # All verified drafts accepted (accepted == num_drafts): q counts as 0 there, so the
+    # residual max(p - 0, 0) is p itself (the appended zero row covers accepted == B-1).
     q_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
     p_at = jnp.take_along_axis(target_probs, accepted[:, None, None], axis=1)[:, 0]
     q_at = jnp.take_along_axis(q_padded, accepted[:, None, None], axis=1)[:, 0]
+    if num_drafts is not None:
+        q_at = jnp.where((accepted < jnp.asarray(num_drafts, jnp.int32))[:, None], q_at, 0.0)
     residual = jnp.maximum(p_at - q_at, 0.0)
     total = jnp.sum(residual, axis=-1, keepdims=True)
     residual = jnp.where(total > 0, residual / jnp.maximum(total, jnp.finfo(jnp.float32).tiny), p_at)

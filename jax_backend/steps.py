@@ -3,7 +3,8 @@ for the drafter, aux rows that stay on the device) come out.
 
 - `sample_step`: a forward, then one token per logit row (argmax / softmax / top-k-top-p draw,
   `jax_backend.sampling`'s computation, chosen on the host by `sampling_mode`).
-- `verify_step`: a forward over B-token blocks [bonus, d_1 .. d_{B-1}], then greedy acceptance or
+- `verify_step`: a forward over blocks [bonus, d_1 .. d_k] (k may differ per sequence; the
+  acceptance sees them padded to one width B), then greedy acceptance or
   rejection sampling against the drafts, and the drafter's context features of every block row.
 
 Static arguments: `config`, `aux_layer_ids`, `mode`, `norm_block` (close over them with
@@ -46,6 +47,7 @@ def verify_step(
     block_rows: jax.Array,  # i32[S, B]: logit row of block position j of sequence s
     token_rows: jax.Array,  # i32[S, B]: token row of the same
     drafts: jax.Array,  # i32[S, B-1]
+    num_drafts: jax.Array,  # i32[S]: drafts sequence s verifies (its block is 1 + num_drafts[s] rows)
     temperature: jax.Array,  # [S*B] per block row (unused when greedy)
     top_p: jax.Array,
     top_k: jax.Array,
@@ -59,7 +61,8 @@ def verify_step(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Returns (accepted i32[S], bonus i32[S], features [S, B, n_aux*H], new kv_pool).
 
-    Greedy: the accepted prefix is where the drafts equal the target's argmax (`greedy_accept`);
+    Blocks may be ragged: rows past a sequence's 1 + num_drafts[s] repeat its last row and are
+    never accepted. Greedy: the accepted prefix is where the drafts equal the target's argmax (`greedy_accept`);
     otherwise rejection sampling with the target's probabilities p (same transform as q).
     `features` are the drafter's context features of every block row (aux block `norm_block`
     final-normed, as `TargetRunner.hidden_state_features`): a sequence commits rows 0..a.
@@ -67,11 +70,11 @@ def verify_step(
     logits, aux, kv_pool = model.forward(params, config, kv_pool, batch, aux_layer_ids)
     target_logits = logits[block_rows]  # [S, B, V]
     if mode == "greedy":
-        accepted, bonus = sampling.greedy_accept(drafts, target_logits)
+        accepted, bonus = sampling.greedy_accept(drafts, target_logits, num_drafts)
     else:
         seqs, block, vocab = target_logits.shape
         p = sampling.probs_for_mode(target_logits.reshape(seqs * block, vocab), temperature, top_p, top_k, mode)
-        accepted, bonus = sampling.rejection_accept(drafts, draft_probs, p.reshape(seqs, block, vocab), key)
+        accepted, bonus = sampling.rejection_accept(drafts, draft_probs, p.reshape(seqs, block, vocab), key, num_drafts)
     if norm_block is not None:
         aux = norm_features(aux, params["norm"], norm_block, config)
     return accepted, bonus, aux[token_rows], kv_pool

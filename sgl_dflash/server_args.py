@@ -31,6 +31,9 @@ class ServerArgs:
     speculative_algorithm: str | None = None  # None / "NONE" / "DFLASH"
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # DFLASH block size; default: the drafter's
+    # DFLASH: choose per request and per step how many drafts to verify (0 .. block - 1), by
+    # expected tokens per second; --speculative-num-draft-tokens is then the upper bound.
+    speculative_adaptive: bool = False
     # Hot-token map (SGLang's FR-Spec flag): the drafter's argmax runs over these token ids only.
     speculative_token_map: str | None = None
     random_seed: int = 0
@@ -129,6 +132,10 @@ class ServerArgs:
                 )
             if self.speculative_token_map is not None:
                 raise ServerArgsError("--speculative-token-map was given but --speculative-algorithm is NONE")
+            if self.speculative_adaptive:
+                raise ServerArgsError("--speculative-adaptive was given but --speculative-algorithm is NONE")
+        if not isinstance(self.speculative_adaptive, bool):
+            raise ServerArgsError(f"speculative_adaptive must be True or False, got {self.speculative_adaptive!r}")
         if self.aux_hidden_layers is not None:
             self._check_aux_hidden_layers(algorithm, int(target.get("num_hidden_layers") or 0))
         if algorithm.validate_server_args is not None:
@@ -195,7 +202,11 @@ class ServerArgs:
             dest="speculative_draft_model_path")
         add("--speculative-num-draft-tokens", "--speculative-dflash-block-size", type=int,
             default=None, dest="speculative_num_draft_tokens",
-            help="DFLASH block size (default: the drafter's block_size)")
+            help="DFLASH block size (default: the drafter's block_size); with --speculative-adaptive "
+                 "the upper bound of a verify block, clipped to the drafter's block_size")
+        add("--speculative-adaptive", action="store_true",
+            help="DFLASH: choose per request and per step how many drafts to verify (0 = a plain "
+                 "decode step), maximizing expected tokens per second (docs/adaptive.md)")
         add("--speculative-token-map", default=None,
             help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
         add("--random-seed", type=int, default=d["random_seed"].default)

@@ -12,7 +12,7 @@ programs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -179,3 +179,19 @@ def as_numpy(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu", torch.float32).numpy()
     return np.asarray(x)
+
+
+class DraftPath(NamedTuple):
+    """`DFlashProposer.propose_path`'s result for n sequences (numpy, on the host)."""
+
+    tokens: np.ndarray  # int32 [n, B-1]: the drafts (the path)
+    candidates: np.ndarray  # int32 [n, B-1, K]: each position's top-K token ids
+    probs: np.ndarray | None  # float32 [n, B-1, K]: q over the candidates when sampling
+
+
+def replicated_over(array: Any) -> jax.sharding.NamedSharding | None:
+    """Replicated placement over `array`'s device mesh when it spans several devices, else None."""
+    sharding = getattr(array, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return None

@@ -42,6 +42,10 @@ class JittedDrafter:
         )
         self.pad_rows = jax.jit(self._counted(_pad_rows), static_argnames=("num_rows", "dtype"))
         self.split_rows = jax.jit(self._counted(_split_rows), static_argnames=("num_rows", "dtype"))
+        # The adaptive worker's needs: draft confidences, and pending rows kept across plain steps.
+        self.max_prob = jax.jit(self._counted(_max_prob))
+        self.stack = jax.jit(self._counted(jnp.stack))
+        self.append_rows = jax.jit(self._counted(_append_rows))
 
     def _counted(self, fn):
         # Runs only while jax traces, i.e. once per new input signature = once per compilation.
@@ -67,3 +71,17 @@ def _split_rows(block: jax.Array, *, num_rows: int, dtype) -> tuple[jax.Array, .
     """[S, B, F] -> S arrays [num_rows, F] (rows past B zero)."""
     padded = jnp.zeros((block.shape[0], num_rows, block.shape[2]), dtype).at[:, : block.shape[1]].set(block.astype(dtype))
     return tuple(padded)
+
+
+def _max_prob(logits: jax.Array) -> jax.Array:
+    """[n, B-1, V] drafter logits -> [n, B-1]: the probability of the argmax (the greedy draft)."""
+    return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
+
+
+def _append_rows(pending: tuple[jax.Array, ...], features: jax.Array, offsets: jax.Array) -> tuple[jax.Array, ...]:
+    """Per sequence s: pending[s] [P, F] with features[s] [B, F] written from row offsets[s] on
+    (rows past P are dropped; rows past a sequence's real count are never read)."""
+    stacked = jnp.stack(pending)
+    rows = offsets[:, None] + jnp.arange(features.shape[1])[None, :]
+    seqs = jnp.broadcast_to(jnp.arange(stacked.shape[0])[:, None], rows.shape)
+    return tuple(stacked.at[seqs, rows].set(features.astype(stacked.dtype), mode="drop"))

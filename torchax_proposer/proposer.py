@@ -16,30 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .config import DrafterStateError
-from .jax_drafter import (
-    JAX_DTYPES,
-    as_numpy,
-    init_draft_cache,
-    model_params,
-    next_power_of_two,
-)
+from .jax_drafter import (JAX_DTYPES, DraftPath, as_numpy, init_draft_cache, model_params, next_power_of_two,
+                          replicated_over)
 from .jitted import jitted_drafter
 from .loader import load_draft_model, torch_dtype
-
-
-class DraftPath(NamedTuple):
-    """`DFlashProposer.propose_path`'s result for n sequences (numpy, on the host)."""
-
-    tokens: np.ndarray  # int32 [n, B-1]: the drafts (the path)
-    candidates: np.ndarray  # int32 [n, B-1, K]: each position's top-K token ids
-    probs: np.ndarray | None  # float32 [n, B-1, K]: q over the candidates when sampling
 
 
 @dataclass
@@ -122,11 +109,9 @@ class DFlashProposer:
         # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.
         self.pending_bucket = next_power_of_two(self.block_size)
         self._no_rows = jnp.zeros((self.pending_bucket, self.num_features), self.dtype)
-        # A tensor-parallel target's embed / lm_head live on a device mesh (split on the vocabulary;
-        # used as they are, no copy). The drafter is small: its own arrays are replicated over the
-        # same devices, so its programs run there with one fixed input placement (no per-call
-        # transfers, no recompiles as placements change).
-        replicated = _replicated_over(target_embed)
+        # A tensor-parallel target's embed / lm_head live on a device mesh (used as they are); the
+        # small drafter's arrays are replicated over it: one fixed placement, no per-call transfers.
+        replicated = replicated_over(target_embed)
         if replicated is not None:
             self.params, self.k_cache, self.v_cache, self._no_rows, self.token_map = jax.device_put(
                 (self.params, self.k_cache, self.v_cache, self._no_rows, self.token_map), replicated
@@ -187,21 +172,29 @@ class DFlashProposer:
     # ---- decode step ----------------------------------------------------------------------------
 
     def propose(
-        self, seq_ids: Sequence[Any], bonus_tokens: Any, *, return_logits: bool = False
+        self, seq_ids: Sequence[Any], bonus_tokens: Any, *, return_logits: bool = False,
+        return_confidence: bool = False,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Drafts B-1 tokens per sequence: block [bonus, MASK x (B-1)] at positions L .. L+B-1.
 
-        Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits).
+        Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits, or the
+        drafter's confidence [n, B-1] when return_confidence: the probability of each greedy
+        draft under the drafter's softmax (over the token map when there is one), computed on the
+        device so that only n x (B-1) floats cross to the host).
         A DFlash 2 drafter returns its selector's greedy path; it has no logits to sample drafts
         from (its draws depend on the path so far): sampling goes through `propose_path`."""
+        if return_logits and return_confidence:
+            raise ValueError("propose: return_logits and return_confidence are exclusive (q gives both)")
         if self.config.is_dflash2:
-            if return_logits:
+            if return_logits or return_confidence:
                 raise ValueError("a DFlash 2 drafter samples its own path: use propose_path(..., temperatures=, key=)")
             return self.propose_path(seq_ids, bonus_tokens).tokens
         batch = self._draft_batch(seq_ids, bonus_tokens)
         if batch is None:
             empty = np.zeros((0, self.block_size - 1), np.int32)
             vocab = self.config.vocab_size
+            if return_confidence:
+                return empty, np.zeros(empty.shape, np.float32)
             return (empty, np.zeros((0, self.block_size - 1, vocab), np.float32)) if return_logits else empty
         states, inputs, read_len = batch
         tokens, logits, self.k_cache, self.v_cache = self._jit.draft(
@@ -209,6 +202,8 @@ class DFlashProposer:
             read_len=read_len,
         )
         self._drafted(states)
+        if return_confidence:
+            return np.asarray(tokens)[: len(states)], np.asarray(self._jit.max_prob(logits))[: len(states)]
         tokens = np.asarray(tokens)[: len(states)]
         if not return_logits:
             return tokens
@@ -303,12 +298,18 @@ class DFlashProposer:
                     f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
                     f"max_context_len={self.max_context_len}"
                 )
-        for state in states:
-            if state.num_pending:  # two commits without a propose between: flush the older rows
-                self._extend(state, state.pending[None], state.num_pending)
-        rows = self._jit.split_rows(features, num_rows=self.pending_bucket, dtype=self.dtype)
+        # A sequence not drafted since its last commit (an adaptive plain step) still has pending
+        # rows: append to them while they fit the bucket, else flush them first (one batched call).
+        self._flush([s for s, c in zip(states, counts) if s.num_pending and s.num_pending + c + 1 > self.pending_bucket])
+        if not any(s.num_pending for s in states):
+            rows = self._jit.split_rows(features, num_rows=self.pending_bucket, dtype=self.dtype)
+        else:
+            pad = features.shape[0] - len(states)
+            pending = tuple(s.pending if s.pending is not None else self._no_rows for s in states) + (self._no_rows,) * pad
+            offsets = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
+            rows = self._jit.append_rows(pending, features, jax.device_put(offsets))
         for state, count, pending in zip(states, counts, rows):
-            state.pending, state.num_pending = pending, count + 1
+            state.pending, state.num_pending = pending, state.num_pending + count + 1
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -366,6 +367,20 @@ class DFlashProposer:
             expected = f"{min_rows}" if max_rows == min_rows else f">= {min_rows}"
             raise DrafterStateError(f"sequence {seq_id!r}: got {shape[0]} feature rows, expected {expected}")
 
+    def _flush(self, states: list[_SeqState]) -> None:
+        """Moves the pending rows of `states` into their caches in one call (batch padded to a
+        power of two; padding rows write only the trash row)."""
+        if not states:
+            return
+        pad = next_power_of_two(len(states)) - len(states)
+        features = self._jit.stack(tuple(s.pending for s in states) + (self._no_rows,) * pad)
+        lens = [np.array([getattr(s, k) for s in states] + [0] * pad, np.int32) for k in ("num_pending", "cache_len", "slot")]
+        self.k_cache, self.v_cache = self._jit.extend(self.params, self.k_cache, self.v_cache, features,
+                                                      *jax.device_put(lens))
+        for state in states:
+            state.cache_len += state.num_pending
+            state.pending, state.num_pending = None, 0
+
     def _extend(self, state: _SeqState, padded_rows: jax.Array, num_rows: int) -> None:
         """Appends padded_rows [1, bucket, n_aux*H] (first num_rows real) to the sequence's cache."""
         self.k_cache, self.v_cache = self._jit.extend(
@@ -378,10 +393,3 @@ class DFlashProposer:
         state.cache_len += num_rows
         state.pending, state.num_pending = None, 0
 
-
-def _replicated_over(array: Any) -> jax.sharding.NamedSharding | None:
-    """Replicated placement over `array`'s device mesh when it spans several devices, else None."""
-    sharding = getattr(array, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    return None

@@ -37,6 +37,16 @@ class ServerMetrics:
         self.spec_accept_rate = gauge(
             "sglang:spec_accept_rate", "Accepted drafts / proposed drafts over finished requests."
         )
+        self.spec_mean_verify_len = gauge(
+            "sglang:spec_mean_verify_len",
+            "Average drafts sent to verification per decode step over finished requests "
+            "(the block size - 1 unless --speculative-adaptive chooses per step).",
+        )
+        self.spec_no_spec_fraction = gauge(
+            "sglang:spec_no_spec_fraction",
+            "Fraction of decode steps that verified no draft (plain decode steps chosen by "
+            "--speculative-adaptive) over finished requests.",
+        )
         self.num_retracted_reqs = gauge(
             "sglang:num_retracted_reqs", "Retractions so far (requests preempted for KV pages)."
         )
@@ -96,6 +106,10 @@ class ServerMetrics:
         accept_rate = stats.get("spec_accept_rate")
         self.spec_accept_length.labels(**lab).set(accept_length if accept_length is not None else 0.0)
         self.spec_accept_rate.labels(**lab).set(accept_rate if accept_rate is not None else 0.0)
+        for gauge, key in ((self.spec_mean_verify_len, "spec_mean_verify_len"),
+                           (self.spec_no_spec_fraction, "spec_no_spec_fraction")):
+            value = stats.get(key)
+            gauge.labels(**lab).set(value if value is not None else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

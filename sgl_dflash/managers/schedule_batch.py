@@ -47,6 +47,9 @@ class Req:
     spec_num_proposed_drafts: int = 0
     spec_num_correct_drafts: int = 0
     spec_correct_drafts_histogram: list[int] = dataclasses.field(default_factory=list)
+    # Drafts sent to verification per decode step: [k] = steps that verified k (adaptive mode
+    # chooses k per step; 0 = a step without speculation).
+    spec_verify_len_histogram: list[int] = dataclasses.field(default_factory=list)
     # Target aux-layer rows of every token fed so far (ServerArgs.aux_hidden_layers), in chunks.
     aux_hidden: list[np.ndarray] = dataclasses.field(default_factory=list)
 
@@ -107,16 +110,24 @@ class Req:
 
     # -- statistics -----------------------------------------------------------------------
     def init_spec_stats(self, num_drafts: int) -> None:
-        if len(self.spec_correct_drafts_histogram) != num_drafts + 1:
-            self.spec_correct_drafts_histogram = [0] * (num_drafts + 1)
+        """num_drafts: the most drafts one step can verify (block size - 1)."""
+        if len(self.spec_correct_drafts_histogram) < num_drafts + 1:
+            self.spec_correct_drafts_histogram += [0] * (num_drafts + 1 - len(self.spec_correct_drafts_histogram))
+            self.spec_verify_len_histogram += [0] * (num_drafts + 1 - len(self.spec_verify_len_histogram))
 
     def record_verify(self, num_drafts: int, num_correct: int) -> None:
-        """One DFLASH verify step proposed `num_drafts` drafts of which `num_correct` were accepted."""
+        """One DFLASH decode step verified `num_drafts` drafts of which `num_correct` were
+        accepted (num_drafts 0: an adaptive step without speculation, one token)."""
         self.init_spec_stats(num_drafts)
         self.spec_verify_ct += 1
         self.spec_num_proposed_drafts += num_drafts
         self.spec_num_correct_drafts += num_correct
         self.spec_correct_drafts_histogram[num_correct] += 1
+        self.spec_verify_len_histogram[num_drafts] += 1
+
+    @property
+    def spec_no_spec_steps(self) -> int:
+        return self.spec_verify_len_histogram[0] if self.spec_verify_len_histogram else 0
 
     def meta_info(self) -> dict[str, Any]:
         end = self.finished_time if self.finished_time is not None else time.perf_counter()
@@ -137,6 +148,11 @@ class Req:
                 spec_num_correct_drafts=self.spec_num_correct_drafts,
                 spec_accept_rate=self.spec_num_correct_drafts / max(1, self.spec_num_proposed_drafts),
                 spec_correct_drafts_histogram=list(self.spec_correct_drafts_histogram),
+                # The chosen verify lengths (drafts per decode step): their mean, and the
+                # fraction of steps that verified none (--speculative-adaptive).
+                spec_mean_verify_len=self.spec_num_proposed_drafts / max(1, self.spec_verify_ct),
+                spec_no_spec_fraction=self.spec_no_spec_steps / max(1, self.spec_verify_ct),
+                spec_verify_len_histogram=list(self.spec_verify_len_histogram),
             )
         if self.aux_hidden:  # one row per token of prompt + output but the last
             info["aux_hidden_states"] = np.concatenate(self.aux_hidden)

@@ -214,7 +214,8 @@ class Scheduler:
                 if result.num_draft_tokens:
                     req.init_spec_stats(result.num_draft_tokens)
                 if result.accept_lens is not None:
-                    req.record_verify(result.num_draft_tokens, int(result.accept_lens[i]))
+                    verified = result.num_draft_tokens if result.verify_lens is None else int(result.verify_lens[i])
+                    req.record_verify(verified, int(result.accept_lens[i]))
                 before = len(req.output_ids)
                 req.append_tokens(result.new_tokens(i), self.eos_token_ids)
                 self.stats["generated_tokens"] += len(req.output_ids) - before
@@ -238,6 +239,7 @@ class Scheduler:
             self.stats["spec_verify_ct"] += req.spec_verify_ct
             self.stats["spec_num_proposed_drafts"] += req.spec_num_proposed_drafts
             self.stats["spec_num_correct_drafts"] += req.spec_num_correct_drafts
+            self.stats["spec_no_spec_steps"] += req.spec_no_spec_steps
 
     def _release(self, req: Req) -> None:
         if req.slot is not None:
@@ -278,6 +280,12 @@ class Scheduler:
                     s["spec_num_correct_drafts"] / s["spec_num_proposed_drafts"]
                     if s["spec_num_proposed_drafts"] else None
                 ),
+                # Chosen verify lengths (drafts per decode step; differ from the block with
+                # --speculative-adaptive), over finished requests.
+                "spec_mean_verify_len": (
+                    s["spec_num_proposed_drafts"] / s["spec_verify_ct"] if s["spec_verify_ct"] else None
+                ),
+                "spec_no_spec_fraction": s["spec_no_spec_steps"] / s["spec_verify_ct"] if s["spec_verify_ct"] else None,
                 "timestamp": time.time(),
             }
             return stats

@@ -83,6 +83,9 @@ class GenerationBatchResult:
     num_new_tokens: np.ndarray  # i32 [n]
     accept_lens: np.ndarray | None = None  # i32 [n]: drafts accepted (speculative decode steps)
     num_draft_tokens: int = 0  # drafts proposed per request per verify step (speculative)
+    # i32 [n]: drafts each request sent to verification this step, when it varies per request
+    # (--speculative-adaptive; 0 = a plain decode step). None: num_draft_tokens for every request.
+    verify_lens: np.ndarray | None = None
     aux_hidden_states: list[np.ndarray] | None = None  # rows per request (ServerArgs.aux_hidden_layers)
 
     def new_tokens(self, i: int) -> list[int]:

@@ -24,6 +24,7 @@ after the final norm (`TargetRunner.hidden_state_features`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import defaultdict
@@ -46,6 +47,8 @@ from sgl_dflash.model_executor.forward_batch_info import (
 )
 from sgl_dflash.model_executor.target_worker import TargetWorker
 
+logger = logging.getLogger(__name__)
+
 
 def validate_dflash_server_args(server_args, algorithm: str = "DFLASH") -> None:
     """Refuse a drafter that does not fit the target or the block size; default the block size.
@@ -64,6 +67,12 @@ def validate_dflash_server_args(server_args, algorithm: str = "DFLASH") -> None:
     if server_args.speculative_num_draft_tokens is None:
         server_args.speculative_num_draft_tokens = draft.block_size
     block = server_args.speculative_num_draft_tokens
+    if getattr(server_args, "speculative_adaptive", False) and isinstance(block, int) and block > draft.block_size:
+        # Adaptive: the flag is an upper bound on a verify block; a block drafts in one forward,
+        # so no verify block can be longer than the drafter's.
+        logger.warning("--speculative-num-draft-tokens %d: the drafter drafts blocks of %d; adaptive mode "
+                       "verifies at most %d drafts per step", block, draft.block_size, draft.block_size - 1)
+        server_args.speculative_num_draft_tokens = block = draft.block_size
     if isinstance(block, bool) or not isinstance(block, int) or not 2 <= block <= draft.block_size:
         raise ServerArgsError(
             f"--speculative-num-draft-tokens must be an integer in [2, {draft.block_size}] (the "

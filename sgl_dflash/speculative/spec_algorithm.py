@@ -133,6 +133,10 @@ def _target_worker(server_args: Any) -> type:
 
 
 def _dflash_worker(server_args: Any) -> type:
+    if getattr(server_args, "speculative_adaptive", False):
+        from sgl_dflash.speculative.adaptive_worker import AdaptiveDFlashWorker
+
+        return AdaptiveDFlashWorker
     from sgl_dflash.speculative.dflash_worker import DFlashWorker
 
     return DFlashWorker

@@ -136,6 +136,40 @@ def test_verify_rejection_sampling_equals_host_path(runner, prompts, kind):
         np.testing.assert_array_equal(got.bonus, np.asarray(bonus)[: len(seqs)])
 
 
+def test_ragged_verify_equals_each_block_alone(runner, prompts):
+    """Blocks of different lengths (1 = a plain decode step) in one verify, padded to a fixed
+    width: each sequence gets what verifying its own block alone gives, greedy and sampled."""
+    full = _blocks(runner, prompts, seed=5)
+    seqs = [SeqInput(seq.token_ids[: 1 + k], seq.start_pos, seq.page_table, "all") for seq, k in zip(full, (0, 4, 2))]
+    got = runner.verify(seqs, block_size=BLOCK)
+    assert got.features.shape[1] == BLOCK
+    for i, seq in enumerate(seqs):
+        alone = runner.verify([seq], block_size=BLOCK)
+        assert (got.accepted[i], got.bonus[i]) == (alone.accepted[0], alone.bonus[0])
+        np.testing.assert_allclose(np.asarray(got.features[i, : len(seq.token_ids)]),
+                                   np.asarray(alone.features[0, : len(seq.token_ids)]), atol=1e-5, rtol=0)
+    assert got.accepted[0] == 0 and got.accepted[1] <= 4 and got.accepted[2] == 2  # seq 2: 2 greedy drafts
+    assert got.bonus[0] == int(runner.forward([seqs[0]]).logits[0][-1].argmax())
+
+    # Sampling: the host path with the same key and num_drafts gives the same counts and tokens.
+    temperature, top_p, top_k = PARAMS["plain"]
+    rows, vocab = bucket(len(seqs)), runner.config.vocab_size
+    q = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(3), (rows, BLOCK - 1, vocab)), axis=-1)
+    key = jax.random.PRNGKey(4)
+    got = runner.verify(seqs, temperature, top_p, top_k, draft_probs=q, key=key, block_size=BLOCK)
+    logits = np.zeros((rows, BLOCK, vocab), np.float32)
+    drafts = np.zeros((rows, BLOCK - 1), np.int32)
+    for i, (seq, out) in enumerate(zip(seqs, runner.forward(seqs).logits)):
+        logits[i] = out[np.minimum(np.arange(BLOCK), len(seq.token_ids) - 1)]
+        drafts[i, : len(seq.token_ids) - 1] = seq.token_ids[1:]
+    temps = np.repeat(np.array(temperature + [0.0] * (rows - 3), np.float32), BLOCK)
+    p = sampling.probs(logits.reshape(-1, vocab), temps, np.ones_like(temps), np.zeros(len(temps), np.int32))
+    accepted, bonus = sampling.rejection_accept(drafts, q, p.reshape(rows, BLOCK, vocab), key,
+                                                np.array([0, 4, 2] + [0] * (rows - 3)))
+    np.testing.assert_array_equal(got.accepted, np.asarray(accepted)[:3])
+    np.testing.assert_array_equal(got.bonus, np.asarray(bonus)[:3])
+
+
 def test_steady_state_compiles_nothing(runner, prompts):
     seqs = _blocks(runner, prompts, seed=4)
     decode = [SeqInput([3], len(ids), runner.allocator.page_table(name)) for name, ids in prompts.items()]

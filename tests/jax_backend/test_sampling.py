@@ -138,6 +138,40 @@ def test_rejection_accept_preserves_target_distribution():
     assert _chi2_pvalue(counts, p[2]) > P_MIN
 
 
+def test_ragged_acceptance_verifies_only_each_rows_drafts():
+    """num_drafts per row (ragged blocks padded to one width): greedy never accepts past a row's
+    own drafts and takes the bonus right after them; rejection sampling with num_drafts = k emits
+    tokens distributed as p at every position, the bonus after k passes from p at position k."""
+    rng = np.random.default_rng(8)
+    n, block, vocab = 5, 6, 16
+    logits = rng.standard_normal((n, block, vocab)).astype(np.float32)
+    target = logits.argmax(-1)
+    draft = target[:, :-1].copy()  # every draft matches
+    accepted, bonus = map(np.asarray, sampling.greedy_accept(draft, logits, np.array([0, 1, 3, 5, 2])))
+    assert accepted.tolist() == [0, 1, 3, 5, 2]
+    np.testing.assert_array_equal(bonus, target[np.arange(n), accepted])
+
+    p = np.array([[0.30, 0.05, 0.25, 0.10, 0.20, 0.10],
+                  [0.05, 0.50, 0.05, 0.20, 0.10, 0.10],
+                  [0.10, 0.10, 0.40, 0.05, 0.05, 0.30]], np.float32)
+    q = np.array([[0.10, 0.30, 0.20, 0.10, 0.00, 0.30],
+                  [0.20, 0.30, 0.20, 0.10, 0.10, 0.10]], np.float32)
+    rows, vocab = 60000, 6
+    k = rng.integers(0, 3, rows)  # 0, 1 or 2 drafts verified
+    draft = np.stack([rng.choice(vocab, rows, p=q[j]) for j in range(2)], axis=1)
+    accepted, bonus = map(np.asarray, sampling.rejection_accept(
+        draft, np.broadcast_to(q, (rows, 2, vocab)), np.broadcast_to(p, (rows, 3, vocab)), jax.random.key(9), k))
+    assert np.all(accepted <= k)
+    first = np.where(accepted >= 1, draft[:, 0], bonus)
+    assert _chi2_pvalue(np.bincount(first, minlength=vocab), p[0]) > P_MIN
+    for verified in (0, 1):  # all verified drafts passed: the bonus follows p right after them
+        done = (k == verified) & (accepted == verified)
+        assert _chi2_pvalue(np.bincount(bonus[done], minlength=vocab), p[verified]) > P_MIN
+    second = (k == 2) & (accepted >= 1)
+    emitted = np.where(accepted[second] >= 2, draft[second, 1], bonus[second])
+    assert _chi2_pvalue(np.bincount(emitted, minlength=vocab), p[1]) > P_MIN
+
+
 def test_rejection_accept_identical_distributions_accept_everything():
     p = jax.nn.softmax(jax.random.normal(jax.random.key(6), (4, 3, 10)), axis=-1)
     draft = jnp.argmax(p[:, :2], axis=-1)

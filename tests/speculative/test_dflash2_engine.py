@@ -32,7 +32,7 @@ def engine(engine_kwargs, dflash2_draft_dir):
 
 
 @pytest.fixture(scope="module")
-def trained_engine(engine_kwargs, spec_target_dir, none_engine, tmp_path_factory):
+def trained_dflash2_dir(spec_target_dir, none_engine, tmp_path_factory):
     """A DFlash 2 drafter that accepts (so that rejection sampling is really exercised): trained
     briefly with the selector loss on the target's greedy outputs, like conftest's DFlash 1 one."""
     from sgl_dflash.tools.train import train_drafter
@@ -45,7 +45,12 @@ def trained_engine(engine_kwargs, spec_target_dir, none_engine, tmp_path_factory
     train_drafter(spec_target_dir, path, [p + o["output_ids"] for p, o in zip(prompts, outs)],
                   prompt_lens=[len(p) for p in prompts], block_size=8, steps=40, target_layer_ids=DRAFT_LAYER_IDS,
                   batch_size=8, num_anchors=16, lr=3e-3, progress=False, dflash2=DFLASH2_TINY)
-    return Engine(**engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained_engine(engine_kwargs, trained_dflash2_dir):
+    return Engine(**engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_dflash2_dir)
 
 
 def test_engine_greedy_matches_dflash_generate(monkeypatch, engine, spec_target_dir, dflash2_draft_dir,
@@ -75,10 +80,14 @@ def test_engine_greedy_matches_dflash_generate(monkeypatch, engine, spec_target_
     assert accepted_any >= 5, accepted_any  # drafts were accepted: acceptance is compared too
 
 
-@pytest.mark.parametrize("config", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 3}], ids=["t1", "top_k"])
-def test_engine_sampling_matches_target_distribution(config, trained_engine, none_engine, spec_target_dir,
-                                                     spec_prompts):
-    engine = trained_engine
+@pytest.mark.parametrize("config,adaptive", [({"temperature": 1.0}, False), ({"temperature": 0.8, "top_k": 3}, False),
+                                             ({"temperature": 1.0}, True)], ids=["t1", "top_k", "t1_adaptive"])
+def test_engine_sampling_matches_target_distribution(config, adaptive, engine_kwargs, trained_dflash2_dir,
+                                                     trained_engine, none_engine, spec_target_dir, spec_prompts):
+    # Adaptive: ragged verify lengths chosen per request (--speculative-adaptive), same guarantee.
+    engine = trained_engine if not adaptive else Engine(
+        **engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_dflash2_dir,
+        speculative_adaptive=True)
     prompt = spec_prompts[1]
     joint = exact_joint(load_hf_model(spec_target_dir), prompt, **config)
     sampled = {**config, "max_new_tokens": 3, "ignore_eos": True}

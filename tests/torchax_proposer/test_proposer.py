@@ -206,6 +206,38 @@ def test_double_commit(dirs, target_head):
     assert_same_state(proposer, 0, fresh, 0)
 
 
+def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head):
+    """The adaptive worker's plain steps: commit_block without a propose between appends to the
+    pending rows (flushed to the cache when the bucket is full); the state equals a fresh
+    proposer's, and the confidences are the drafts' softmax probabilities."""
+    rng = np.random.default_rng(6)
+    proposer = make_proposer(dirs, target_head)
+    history = {"a": [rows(rng, 5)], "b": [rows(rng, 9)]}
+    for seq, prompt in history.items():
+        proposer.add(seq, prompt[0])
+    # Per step: which sequences were drafted, and the accepted counts (0 for undrafted ones).
+    steps = [({"a", "b"}, [2, 0]), (set(), [0, 0]), ({"a"}, [3, 0]), (set(), [0, 0])] + [(set(), [0, 0])] * 9
+    steps += [({"b"}, [0, 5]), ({"a", "b"}, [1, 7])]
+    for drafted, accepted in steps:
+        if drafted:
+            proposer.propose(sorted(drafted), [3] * len(drafted))
+        block = jax.device_put(rng.standard_normal((2, BLOCK, FEATURES), dtype=np.float32))
+        proposer.commit_block(["a", "b"], accepted, block)
+        for i, seq in enumerate(("a", "b")):
+            history[seq].append(block[i, : accepted[i] + 1])
+    fresh = make_proposer(dirs, target_head)
+    for seq, parts in history.items():
+        fresh.add(seq, np.concatenate([np.asarray(r) for r in parts]))
+        assert proposer.committed_len(seq) == fresh.committed_len(seq)
+    tokens, confidence = proposer.propose(["a", "b"], [7, 8], return_confidence=True)
+    fresh_tokens, logits = fresh.propose(["a", "b"], [7, 8], return_logits=True)
+    np.testing.assert_array_equal(tokens, fresh_tokens)
+    expected = np.exp(logits.max(-1)) / np.exp(logits).sum(-1)
+    np.testing.assert_allclose(confidence, expected, atol=1e-5, rtol=0)
+    for seq in history:
+        assert_same_state(proposer, seq, fresh, seq)
+
+
 @pytest.mark.slow
 def test_bfloat16_close_to_float32(dirs, target_head):
     rng = np.random.default_rng(4)

@@ -1,0 +1,153 @@
+"""The adaptive DFLASH worker (`--speculative-adaptive`): each decode step chooses, per request,
+how many drafts go to the target (`speculative/adaptive.py` decides; docs/adaptive.md).
+
+`forward_decode` reads top to bottom like `DFlashWorker.forward_decode`, with two decisions added:
+  0. plan    — which requests to draft at all (none when drafts would not pay for the drafter);
+  1. draft   — the drafter fills the block of those requests, with its confidence per draft;
+  2. choose  — k_i in 0 .. B-1 drafts per request, maximizing expected tokens per second;
+  3. verify  — ONE ragged target step over the blocks [bonus, d_1 .. d_k_i] (k_i = 0: a plain
+               decode step), acceptance over exactly the k_i verified drafts;
+  4. commit  — the drafter gets the features of the a_i + 1 committed rows (also of undrafted
+               requests: their rows wait in its pending buffer), and the policy learns from the
+               outcome and the measured step times.
+Greedy output stays the target's own; sampling stays lossless (k_i reads q, never the draws).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_backend import SeqInput, sampling
+from jax_backend.batch import bucket
+from sgl_dflash.model_executor.forward_batch_info import GenerationBatchResult, ModelWorkerBatch, SamplingBatchInfo
+from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy
+from sgl_dflash.speculative.cost_model import step_shape
+from sgl_dflash.speculative.dflash_worker import DFlashWorker, _draw
+
+
+class AdaptiveDFlashWorker(DFlashWorker):
+    def __init__(self, server_args: Any):
+        super().__init__(server_args)
+        self.policy = AdaptivePolicy(self.block_size - 1)
+        # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
+        self.has_confidence = not self.proposer.config.is_dflash2
+
+    def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        result = super().forward_extend(batch)
+        for slot, temperature in zip(batch.slots, batch.sampling_info.temperatures):
+            self.policy.add(slot, SAMPLED if temperature > 0 else GREEDY)
+        return result
+
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        self.policy.release(slot)
+
+    def forward_decode(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        B, n, slots = self.block_size, len(batch.slots), batch.slots
+        bonus = [ids[0] for ids in batch.input_ids]
+        info = batch.sampling_info
+        modes = (info.temperatures > 0).astype(np.int64)
+        compiled = self._compilations()
+        t0 = time.perf_counter()
+
+        # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes).
+        drafted = self.policy.plan_drafts(slots)
+        rows = np.flatnonzero(drafted)
+        drafts = np.zeros((n, B - 1), np.int32)
+        confidence = np.zeros((n, B - 1), np.float32) if self.has_confidence else None
+        draft_probs = None
+        t1 = time.perf_counter()
+        if len(rows):
+            draft_slots, draft_bonus = [slots[i] for i in rows], [bonus[i] for i in rows]
+            if info.is_all_greedy and self.has_confidence:
+                drafts[rows], confidence[rows] = self.proposer.propose(draft_slots, draft_bonus, return_confidence=True)
+            elif info.is_all_greedy:
+                drafts[rows] = self.proposer.propose(draft_slots, draft_bonus)
+            elif not self.has_confidence:  # DFlash 2: the selector samples its path, q over K candidates
+                from torchax_proposer import dense_draft_probs
+
+                path = self.proposer.propose_path(draft_slots, draft_bonus, temperatures=info.temperatures[rows],
+                                                  key=self.target_worker.next_key())
+                drafts[rows] = path.tokens
+                q = dense_draft_probs(path.candidates, path.probs, self.vocab_size, rows=bucket(len(rows)))
+                draft_probs = _place_rows(q, rows, bucket(n))
+            else:
+                _, logits = self.proposer.propose(draft_slots, draft_bonus, return_logits=True)
+                q, drafts[rows], confidence[rows] = self._sample_drafts_scored(np.asarray(logits), info.select(rows))
+                draft_probs = _place_rows(q, rows, bucket(n))
+        t2 = time.perf_counter()
+
+        # 2. Choose k_i; 3. verify the ragged blocks in one step (acceptance padded to B).
+        verified = self.policy.choose(slots, modes, drafted, confidence, t2 - t1) if len(rows) else np.zeros(n, np.int64)
+        seqs = [SeqInput([bonus[i], *drafts[i, : verified[i]]], batch.prefix_lens[i], batch.page_tables[i], "all")
+                for i in range(n)]
+        if info.is_all_greedy:
+            out = self.runner.verify(seqs, block_size=B)
+        else:
+            if draft_probs is None:  # nothing drafted: no draft is verified, q is never read
+                draft_probs = jnp.zeros((bucket(n), B - 1, self.vocab_size), jnp.float32)
+            out = self.runner.verify(seqs, info.temperatures, info.top_ps, info.top_ks, draft_probs=draft_probs,
+                                     key=self.target_worker.next_key(), block_size=B)
+        accepted, new_bonus = out.accepted, out.bonus
+        t3 = time.perf_counter()
+
+        # 4. Commit the a+1 rows of every request; learn from the outcome and the step's times.
+        self.proposer.commit_block(slots, accepted, out.features)
+        tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
+        tokens[np.arange(n), accepted] = new_bonus
+        self.policy.observe(slots, modes, drafted, confidence, verified, accepted)
+        t4 = time.perf_counter()
+        if self._compilations() == compiled:  # a step that compiled measures the compiler
+            self.policy.cost.observe(step_shape(verified + 1), t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3))
+        for phase, seconds in (("draft", t2 - t0), ("verify", t3 - t2), ("commit", t4 - t3)):
+            self.timings[phase] += seconds
+        self.timings["steps"] += 1
+        self.timings["drafted_steps"] += bool(len(rows))
+        return GenerationBatchResult(tokens, accepted.astype(np.int32) + 1, accept_lens=accepted,
+                                     num_draft_tokens=B - 1, verify_lens=verified.astype(np.int32))
+
+    def _compilations(self) -> int:
+        """Programs compiled so far by anything a decode step runs (a step that compiled is not a
+        measurement of the step)."""
+        helpers = (_confidence, _gather_rows, _draw, sampling._plain_probs, sampling._filtered_probs)
+        return self.num_compilations() + sum(fn._cache_size() for fn in helpers)
+
+    def _sample_drafts_scored(self, draft_logits: np.ndarray, info: SamplingBatchInfo) -> tuple[jax.Array, np.ndarray, np.ndarray]:
+        """`_sample_drafts` plus each draft position's confidence: max q for a sampled request,
+        the plain softmax's max for a greedy one (whose q is one-hot). A function of q only,
+        never of the draws, so that choosing k from it keeps rejection sampling exact."""
+        n, gamma, vocab = draft_logits.shape
+        rows = bucket(n)
+        padded = np.zeros((rows * gamma, vocab), np.float32)
+        padded[: n * gamma] = draft_logits.reshape(n * gamma, vocab)
+        temperature, top_p, top_k = info.padded(rows * gamma, repeat=gamma)
+        q = sampling.probs(padded, temperature, top_p, top_k)
+        sampled = np.asarray(_draw(q, self.target_worker.next_key())).reshape(rows, gamma)[:n]
+        confidence = np.asarray(_confidence(q, padded, temperature)).reshape(rows, gamma)[:n]
+        return q.reshape(rows, gamma, vocab), sampled, confidence
+
+
+@jax.jit
+def _confidence(q: jax.Array, logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    plain = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+    return jnp.where(temperature > 0, jnp.max(q, axis=-1), plain)
+
+
+def _place_rows(q: jax.Array, rows: np.ndarray, num_rows: int) -> jax.Array:
+    """q [bucket(len(rows)), B-1, V] of the drafted requests -> [num_rows, B-1, V] in batch order
+    (undrafted rows zero: they verify no draft, so their q is never read)."""
+    if q.shape[0] == num_rows and np.array_equal(rows, np.arange(len(rows))):
+        return q  # every request drafted, in order
+    index = np.full(num_rows, q.shape[0], np.int32)  # the appended zero row
+    index[rows] = np.arange(len(rows))
+    return _gather_rows(q, jax.device_put(index))
+
+
+@jax.jit
+def _gather_rows(q: jax.Array, index: jax.Array) -> jax.Array:
+    return jnp.concatenate([q, jnp.zeros_like(q[:1])])[index]

@@ -1,0 +1,94 @@
+"""The adaptive policy's cost model: what a decode step costs, from running statistics.
+
+A verify step's cost is a property of its compiled shape, which `step_shape` computes exactly as
+`jax_backend.batch.build_batch` pads it: S sequences, T token rows (>= 2), Q the longest block
+(the attention's dense query block), all powers of two. Every step the worker reports the
+seconds its verify, draft and the rest took; each shape keeps a running mean (an exponential
+moving average, so a drifting load or a growing context is followed). A shape not measured yet
+is predicted from the measured ones with a line in T (a step reads the weights once and then
+pays per row: a + b*T, least squares over the measured shapes; with measurements at a single T
+the slope assumes a step costs `prior_rows` rows of work before its first). Before any
+measurement the same prior gives relative costs, which is all a ratio of tokens per second needs.
+The draft cost is kept per drafter batch bucket the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jax_backend.batch import bucket
+
+MIN_TOKEN_ROWS = 2  # TargetRunner pads every batch to >= 2 token rows (see TargetRunner._batch)
+
+
+def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
+    """(S, T, Q) buckets of a packed batch whose sequences run q_lens tokens each."""
+    q_lens = np.asarray(q_lens)
+    tokens = bucket(int(q_lens.sum()), MIN_TOKEN_ROWS)
+    return bucket(len(q_lens)), tokens, min(bucket(int(q_lens.max())), tokens)
+
+
+class CostModel:
+    def __init__(self, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3):
+        self.decay = decay  # weight of a new measurement in a running mean
+        self.prior_rows = prior_rows
+        self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
+        self.verify_s: dict[tuple[int, int, int], float] = {}
+        self.draft_s: dict[int, float] = {}
+        self.overhead = 0.0
+        self._steps = 0
+        self._line: tuple[float, float] | None = None  # (a, b) of the fit; None = refit
+
+    # -- measurements ---------------------------------------------------------------------
+    def _update(self, table: dict, key, seconds: float) -> None:
+        old = table.get(key)
+        table[key] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
+
+    def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,
+                overhead_s: float) -> None:
+        """One step: its verify shape and seconds, the drafter's batch (0: no draft) and seconds,
+        and the rest of the worker's step."""
+        self._update(self.verify_s, shape, verify_s)
+        self._line = None
+        if draft_batch:
+            self._update(self.draft_s, bucket(draft_batch), draft_s)
+        self.overhead = overhead_s if not self._steps else (1 - self.decay) * self.overhead + self.decay * overhead_s
+        self._steps += 1
+
+    # -- predictions ----------------------------------------------------------------------
+    def verify(self, shape: tuple[int, int, int]) -> float:
+        """Seconds of a verify step of this (S, T, Q) shape."""
+        if shape in self.verify_s:
+            return self.verify_s[shape]
+        a, b = self.line()
+        return a + b * shape[1]
+
+    def line(self) -> tuple[float, float]:
+        """(a, b): predicted seconds a + b*T of a step with T token rows."""
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
+        if not self.verify_s:
+            return self.prior_rows * self.unit, self.unit
+        rows = np.array([shape[1] for shape in self.verify_s], np.float64)
+        seconds = np.array(list(self.verify_s.values()), np.float64)
+        if len(np.unique(rows)) < 2:
+            b = seconds.mean() / (self.prior_rows + rows.mean())
+            return self.prior_rows * b, b
+        b, a = np.polyfit(rows, seconds, 1)
+        if b <= 0 or a < 0:  # noise: keep a non-negative line through the mean
+            b = max(b, 0.0)
+            a = max(seconds.mean() - b * rows.mean(), 0.0)
+        return float(a), float(b)
+
+    def draft(self, batch: int) -> float:
+        """Seconds of a draft step for `batch` requests (bucketed like the drafter's batch)."""
+        size = bucket(batch)
+        if size in self.draft_s:
+            return self.draft_s[size]
+        if self.draft_s:  # nearest measured bucket, scaled by the square root of the size ratio
+            near = min(self.draft_s, key=lambda s: abs(np.log2(s / size)))
+            return self.draft_s[near] * float(np.sqrt(size / near))
+        return 0.1 * self.verify(step_shape(np.ones(batch)))  # a guess until the first draft

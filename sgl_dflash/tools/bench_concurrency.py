@@ -1,0 +1,276 @@
+"""Throughput under concurrency: NONE, every fixed DFLASH block and --speculative-adaptive, same run.
+
+    python -m sgl_dflash.tools.bench_concurrency --speculative-token-map <drafter>/token_map.json
+    python -m sgl_dflash.tools.bench_concurrency --datasets gsm8k mixed --concurrency 1 32 --block-sizes 4
+
+For each prompt set (gsm8k, math500, humaneval, mbpp, mt-bench from sgl_dflash.tools.datasets, and
+"mixed": math and chat prompts alternating) and each concurrency level c, every configuration
+serves the same prompts through its scheduler with c requests in flight (a closed loop: a request
+joins as soon as one finishes, like c clients each sending their next prompt), greedy, chat
+template. Engines use the engine's defaults (context, KV budget, running requests) and live side
+by side in one process; on every (set, c) row they take scheduler steps in turn (who steps first
+rotates per row) and each is timed over its own steps only, so a shared machine's changing load
+falls on all of them alike. Each row is served twice and the second pass is measured: the first
+compiles the shapes the row needs (prompt-length and context buckets; JAX compiles on first use,
+which would otherwise dominate short runs) and is where the adaptive policy first measures its step
+costs (it keeps learning in the measured pass too).
+
+Writes <out>/concurrency.json (tokens/s, ratios to NONE and to the best fixed block, outputs equal to
+NONE's, chosen verify lengths) and <out>/concurrency.png (tokens/s per concurrency, one panel per set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sgl_dflash import tools
+from sgl_dflash.tools import datasets
+
+SETS = (*datasets.BENCH_DATASETS, "mixed")
+
+
+def prompt_sets(names: list[str], count: int, offset: int = 0) -> dict[str, list[str]]:
+    """`count` prompts of each set from `offset` on; "mixed" alternates gsm8k, mt-bench, math500,
+    mt-bench from `count + offset` on (past the prompts the single sets use)."""
+    sets = {}
+    for name in names:
+        if name == "mixed":
+            sources = [datasets.load_benchmark(n) for n in ("gsm8k", "mt-bench", "math500", "mt-bench")]
+            rows = [sources[i % 4][count + offset + i // 4] for i in range(count)]
+        else:
+            rows = datasets.load_benchmark(name)[offset : offset + count]
+        sets[name] = [row["prompt"] for row in rows]
+    return sets
+
+
+class ClosedLoop:
+    """One engine serving `prompts` through its scheduler with `concurrency` requests in flight,
+    one scheduler step at a time; `seconds` counts only this engine's own steps."""
+
+    def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
+        self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
+        self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
+
+    @property
+    def finished(self) -> bool:
+        return not (self.queue or self.running)
+
+    def step(self) -> None:
+        from sgl_dflash.managers.schedule_batch import Req, new_rid
+        from sgl_dflash.sampling_params import SamplingParams
+
+        start = time.perf_counter()
+        while self.queue and len(self.running) < self.concurrency:
+            params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
+            req = Req(new_rid(), self.queue.pop(0), params)
+            self.order[req.rid] = len(self.order)
+            self.scheduler.add_request(req)
+            self.running.append(req)
+        self.scheduler.step()
+        self.seconds += time.perf_counter() - start
+        for req in [r for r in self.running if r.finished]:
+            self.running.remove(req)
+            self.done[self.order[req.rid]] = req
+
+    def result(self) -> dict:
+        reqs = [self.done[i] for i in range(len(self.done))]
+        tokens = sum(len(r.output_ids) for r in reqs)
+        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": tokens / self.seconds,
+                  "outputs": [list(r.output_ids) for r in reqs]}
+        if reqs and reqs[0].spec_verify_ct:
+            steps = sum(r.spec_verify_ct for r in reqs)
+            drafts = sum(r.spec_num_proposed_drafts for r in reqs)
+            result.update(
+                tokens_per_step=(tokens - len(reqs)) / max(1, steps),  # the first token is the prefill's
+                mean_verify_len=drafts / max(1, steps),
+                no_spec_fraction=sum(r.spec_no_spec_steps for r in reqs) / max(1, steps),
+                accept_rate=sum(r.spec_num_correct_drafts for r in reqs) / max(1, drafts),
+            )
+        return result
+
+
+def serve(engines: dict, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> dict[str, dict]:
+    """Every engine serves `prompts` in a closed loop of `concurrency`; the engines take scheduler
+    steps in turn, so that a shared machine's changing load falls on all of them alike (each is
+    timed over its own steps only)."""
+    loops = {name: ClosedLoop(engine, prompts, concurrency, max_new_tokens) for name, engine in engines.items()}
+    while not all(loop.finished for loop in loops.values()):
+        for loop in loops.values():
+            if not loop.finished:
+                loop.step()
+    return {name: loop.result() for name, loop in loops.items()}
+
+
+def make_engines(args) -> dict:
+    from sgl_dflash.entrypoints.engine import Engine
+
+    common = dict(model_path=args.model_path, random_seed=0)
+    spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_model_path,
+                speculative_token_map=args.speculative_token_map)
+    engines = {"NONE": Engine(**common)}
+    for block in args.block_sizes:
+        engines[f"B={block}"] = Engine(**common, **spec, speculative_num_draft_tokens=block)
+    engines["adaptive"] = Engine(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound,
+                                 speculative_adaptive=True)
+    return engines
+
+
+def summarize(row: dict, fixed: list[str]) -> dict:
+    """Ratios of one (set, concurrency) row: each config / NONE, adaptive / best fixed block."""
+    none = row["NONE"]["tokens_per_s"]
+    best = max(fixed, key=lambda name: row[name]["tokens_per_s"]) if fixed else None
+    out = {"best_fixed": best}
+    for name, r in row.items():
+        out[f"{name}/NONE"] = r["tokens_per_s"] / none
+    if best is not None:
+        out["adaptive/best_fixed"] = row["adaptive"]["tokens_per_s"] / row[best]["tokens_per_s"]
+    return out
+
+
+def run(args) -> dict:
+    from sgl_dflash.tools.train.regenerate import chat_prompt_ids
+
+    engines = make_engines(args)
+    tokenizer = engines["NONE"].tokenizer
+    count = max(args.num_prompts, *args.concurrency)
+    sets = {name: [chat_prompt_ids(tokenizer, p) for p in prompts]
+            for name, prompts in prompt_sets(args.datasets, count).items()}
+    names = list(engines)
+    progress = tqdm(total=2 * len(args.concurrency) * len(sets), desc="bench_concurrency", unit="pass")
+
+    results = {"config": vars(args) | {"out": str(args.out)}, "machine": _machine(), "rows": {}}
+    fixed = [n for n in names if n.startswith("B=")]
+    for set_name, prompts in sets.items():
+        for c in args.concurrency:
+            first = len(results["rows"]) % len(names)
+            turn = names[first:] + names[:first]  # rotate who steps first
+            group = {name: engines[name] for name in turn}
+            for measured in (False, True):  # the first pass compiles (and the policy measures costs)
+                progress.set_postfix_str(f"{set_name} c={c}" + ("" if measured else " warm"))
+                row = serve(group, prompts[: max(c, args.num_prompts)], c, args.max_new_tokens)
+                progress.update()
+            row = {name: row[name] for name in names}
+            base = row["NONE"]["outputs"]
+            for name, r in row.items():
+                r["exact"] = sum(a == b for a, b in zip(r.pop("outputs"), base))
+                r["num_prompts"] = len(base)
+            key = f"{set_name}/c={c}"
+            results["rows"][key] = {"results": row, "summary": summarize(row, fixed)}
+            progress.write(format_row(key, results["rows"][key]))
+            save(results, args.out)  # a partial run keeps what it measured
+    progress.close()
+    results["machine"]["load_average_end"] = _machine()["load_average"]
+    return results
+
+
+def save(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "concurrency.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return path
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    import jax
+
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
+            "load_average": os.getloadavg()}
+
+
+def format_row(key: str, row: dict) -> str:
+    r, s = row["results"], row["summary"]
+    cells = " ".join(f"{name} {v['tokens_per_s']:.1f}" for name, v in r.items())
+    extra = ""
+    if "adaptive/best_fixed" in s:
+        a = r["adaptive"]
+        extra = (f" | adaptive/NONE {s['adaptive/NONE']:.2f} adaptive/{s['best_fixed']} {s['adaptive/best_fixed']:.2f}"
+                 f" | k {a['mean_verify_len']:.2f} no-spec {a['no_spec_fraction']:.2f}")
+    exact = min(v["exact"] for v in r.values())
+    return f"{key}: tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
+
+
+def format_table(results: dict) -> str:
+    rows = results["rows"]
+    configs = list(next(iter(rows.values()))["results"])
+    head = "| set | c | " + " | ".join(configs) + " | adaptive/NONE | adaptive/best fixed | adaptive k, no-spec | exact |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for key, row in rows.items():
+        set_name, c = key.split("/c=")
+        r, s = row["results"], row["summary"]
+        a = r["adaptive"]
+        lines.append(
+            f"| {set_name} | {c} | " + " | ".join(f"{r[n]['tokens_per_s']:.1f}" for n in configs)
+            + f" | {s['adaptive/NONE']:.2f} | {s.get('adaptive/best_fixed', float('nan')):.2f} ({s['best_fixed']})"
+            + f" | {a['mean_verify_len']:.2f}, {a['no_spec_fraction']:.2f} | "
+            + f"{min(v['exact'] for v in r.values())}/{a['num_prompts']} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    sets = list(dict.fromkeys(key.split("/c=")[0] for key in rows))
+    configs = list(next(iter(rows.values()))["results"])
+    fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 3.6), squeeze=False)
+    for ax, set_name in zip(axes[0], sets):
+        keys = [k for k in rows if k.split("/c=")[0] == set_name]
+        levels = [int(k.split("/c=")[1]) for k in keys]
+        for name in configs:
+            style = dict(lw=2.5, color="black") if name == "adaptive" else dict(lw=1, ls="--" if name == "NONE" else "-")
+            ax.plot(levels, [rows[k]["results"][name]["tokens_per_s"] for k in keys], marker="o", label=name, **style)
+        ax.set(xscale="log", xticks=levels, xticklabels=[str(c) for c in levels], title=set_name,
+               xlabel="concurrent requests", ylabel="tokens/s")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from sgl_dflash.tools import model_import
+    from sgl_dflash.tools.demo import DEFAULT_DRAFTER, use_compilation_cache
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default=None, help="target HF dir (default: converted SmolLM2-135M)")
+    parser.add_argument("--draft-model-path", default=None, help=f"drafter (default: {DEFAULT_DRAFTER})")
+    parser.add_argument("--speculative-token-map", default=None, help="the drafter's hot-token map (JSON ids)")
+    parser.add_argument("--datasets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--num-prompts", type=int, default=4,
+                        help="prompts per set and concurrency level c (at least c: every slot gets one)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[2, 4, 8], help="fixed DFLASH blocks")
+    parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")
+    parser.add_argument("--compilation-cache", type=Path, default=tools.CACHE_DIR / "jax_compilation_cache")
+    parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
+    args = parser.parse_args(argv)
+    args.model_path = args.model_path or str(model_import.ensure_default_model())
+    args.draft_model_path = args.draft_model_path or str(DEFAULT_DRAFTER)
+    use_compilation_cache(args.compilation_cache)
+    results = run(args)
+    save(results, args.out)
+    png = plot(results, args.out / "concurrency.png")
+    print(format_table(results))
+    print("wrote", args.out / "concurrency.json", png)
+    inexact = [f"{key} {name}" for key, row in results["rows"].items()
+               for name, r in row["results"].items() if r["exact"] != r["num_prompts"]]
+    if inexact:  # greedy outputs must equal NONE's: a mismatch is a bug, not a benchmark result
+        raise SystemExit("outputs differ from NONE's: " + ", ".join(inexact))
+    return results
+
+
+if __name__ == "__main__":
+    main()

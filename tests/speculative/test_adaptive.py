@@ -1,0 +1,137 @@
+"""--speculative-adaptive end to end: greedy output equals NONE's whatever lengths are chosen (the
+policy's own, and random ones that hit every ragged shape), the drafter stays in lockstep with the
+target, sampling stays lossless, and the chosen lengths are reported."""
+
+import numpy as np
+import pytest
+
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.errors import ServerArgsError
+from tests.speculative.test_dflash import batch_requests, reference_params, watch_steps
+from tests.speculative.test_dflash_sampling import exact_joint, goodness_of_fit
+
+
+@pytest.fixture(scope="module")
+def adaptive_engine(engine_kwargs, trained_draft_dir):
+    return Engine(**engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
+                  speculative_adaptive=True)
+
+
+def random_lengths(engine, monkeypatch, seed=0):
+    """Replace the policy's decisions by random ones (drafted or not, any k): every mix of ragged
+    blocks, plain steps and pending drafter rows."""
+    rng = np.random.default_rng(seed)
+    policy, blocks = engine.scheduler.worker.policy, engine.scheduler.worker.block_size
+    chosen = []
+
+    def plan(slots):
+        return rng.random(len(slots)) < 0.6
+
+    def choose(slots, modes, drafted, confidence, seconds):
+        k = np.where(drafted, rng.integers(0, blocks, len(slots)), 0)
+        chosen.extend(k.tolist())
+        return k
+
+    monkeypatch.setattr(policy, "plan_drafts", plan)
+    monkeypatch.setattr(policy, "choose", choose)
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def none_outputs(none_engine, spec_prompts):
+    base = [o["output_ids"] for o in none_engine.generate(input_ids=spec_prompts, sampling_params=reference_params(spec_prompts))]
+    params = batch_requests(base)
+    outs = none_engine.generate(input_ids=spec_prompts, sampling_params=params)
+    return params, [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize("lengths", ["policy", "random"])
+def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec_prompts, none_outputs, monkeypatch):
+    chosen = random_lengths(adaptive_engine, monkeypatch) if lengths == "random" else None
+    log = watch_steps(adaptive_engine, monkeypatch)
+    params, expected = none_outputs
+    outs = adaptive_engine.generate(input_ids=spec_prompts, sampling_params=params)  # stop rules cut blocks
+    assert [o["output_ids"] for o in outs] == expected
+    single = adaptive_engine.generate(input_ids=spec_prompts[2], sampling_params=params[2])
+    assert single["output_ids"] == expected[2]
+    rng = np.random.default_rng(5)
+    many = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(2, 30, 24)]
+    greedy = {"temperature": 0.0, "max_new_tokens": 33, "ignore_eos": True}
+    outs = adaptive_engine.generate(input_ids=many, sampling_params=greedy)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(
+        input_ids=many, sampling_params=greedy)]
+    assert log["checks"] > 0
+    if chosen is not None:
+        assert set(chosen) == set(range(adaptive_engine.scheduler.worker.block_size))
+    for out in outs:
+        info = out["meta_info"]
+        lens = info["spec_verify_len_histogram"]
+        assert sum(lens) == info["spec_verify_ct"] == sum(info["spec_correct_drafts_histogram"])
+        assert info["spec_num_proposed_drafts"] == sum(k * c for k, c in enumerate(lens))
+        assert info["spec_mean_verify_len"] == pytest.approx(info["spec_num_proposed_drafts"] / info["spec_verify_ct"])
+        assert info["spec_no_spec_fraction"] == pytest.approx(lens[0] / info["spec_verify_ct"])
+
+
+def test_policy_uses_a_good_drafter_and_reports_it(adaptive_engine, spec_prompts):
+    params = reference_params(spec_prompts * 4)
+    adaptive_engine.generate(input_ids=spec_prompts * 4, sampling_params=params)  # learn costs
+    outs = adaptive_engine.generate(input_ids=spec_prompts * 4, sampling_params=params)
+    correct = sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs)
+    assert correct > 0
+    stats = adaptive_engine.scheduler.get_stats()
+    assert 0 <= stats["spec_no_spec_fraction"] <= 1 and stats["spec_mean_verify_len"] > 0
+    policy = adaptive_engine.scheduler.worker.policy
+    assert policy.cost.verify_s and policy.cost.draft_s  # measured, compiles excluded
+    assert not policy.requests  # released with their requests
+
+
+def test_block_flag_is_an_upper_bound(engine_kwargs, trained_draft_dir, caplog):
+    """The drafter drafts 16: adaptive clips a larger bound (and says so); fixed mode refuses it."""
+    common = dict(engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir)
+    with pytest.raises(ServerArgsError, match=r"\[2, 16\]"):
+        Engine(**common, speculative_num_draft_tokens=32)
+    engine = Engine(**common, speculative_num_draft_tokens=32, speculative_adaptive=True)
+    assert engine.scheduler.worker.block_size == 16 and engine.server_args.speculative_num_draft_tokens == 16
+    assert "verifies at most 15 drafts" in caplog.text
+    small = Engine(**common, speculative_num_draft_tokens=4, speculative_adaptive=True)
+    assert small.scheduler.worker.block_size == 4
+    with pytest.raises(ServerArgsError, match="NONE"):
+        Engine(**engine_kwargs, speculative_adaptive=True)
+
+
+def test_cli_flag():
+    import argparse
+
+    from sgl_dflash.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", "m", "--speculative-adaptive"]))
+    assert args.speculative_adaptive is True
+    assert ServerArgs.from_cli_args(parser.parse_args(["--model-path", "m"])).speculative_adaptive is False
+
+
+NUM_SAMPLES = 2048
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lengths, config", [("random", {"temperature": 1.0}),
+                                             ("policy", {"temperature": 0.8, "top_k": 3})])
+def test_adaptive_sampling_matches_target_distribution(lengths, config, adaptive_engine, spec_target_dir, spec_prompts,
+                                                       monkeypatch):
+    """Rejection sampling over whatever length was chosen: the first 3 tokens' joint distribution
+    equals target-only sampling (chi-square, as tests/speculative/test_dflash_sampling.py)."""
+    from tests.tiny_checkpoints import load_hf_model
+
+    if lengths == "random":
+        random_lengths(adaptive_engine, monkeypatch, seed=1)
+    prompt = spec_prompts[1]
+    joint = exact_joint(load_hf_model(spec_target_dir), prompt, **config)
+    outs = adaptive_engine.generate(input_ids=[prompt] * NUM_SAMPLES,
+                                    sampling_params={**config, "max_new_tokens": 3, "ignore_eos": True})
+    samples = np.array([o["output_ids"] for o in outs])
+    p_value, impossible = goodness_of_fit(samples, joint)
+    assert impossible == 0
+    assert p_value > 1e-3, p_value
+    hist = np.sum([o["meta_info"]["spec_correct_drafts_histogram"][:3] for o in outs], axis=0)
+    assert hist[0] > 0 and hist[1:].sum() > NUM_SAMPLES // 50, hist  # drafts accepted and rejected

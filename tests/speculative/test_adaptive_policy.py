@@ -1,0 +1,101 @@
+"""The adaptive policy's parts on their own: the length optimizer, calibration, cost model, plan."""
+
+import numpy as np
+import pytest
+
+from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy, Calibrator, best_lengths
+from sgl_dflash.speculative.cost_model import CostModel, step_shape
+
+
+def by_rows(per_row: float, fixed: float = 0.0):
+    """A step cost that grows with the bucketed token rows T."""
+    return lambda q_lens: fixed + per_row * step_shape(q_lens)[1]
+
+
+def test_step_shape_matches_the_runner_buckets():
+    assert step_shape(np.array([1])) == (1, 2, 1)  # >= 2 token rows
+    assert step_shape(np.array([1, 1, 1])) == (4, 4, 1)
+    assert step_shape(np.array([3, 1, 1])) == (4, 8, 4)
+    assert step_shape(np.array([8] * 32)) == (32, 256, 8)
+
+
+def test_free_rows_are_filled_and_costly_rows_refused():
+    gains = np.cumprod(np.full((3, 7), 0.9), axis=1)
+    k, rate = best_lengths(gains, lambda q: 1.0)  # a flat cost: verify everything
+    assert k.tolist() == [7, 7, 7] and rate == pytest.approx(3 + gains.sum())
+    k, _ = best_lengths(gains, by_rows(1.0))  # every row costs as much as a token is worth...
+    assert k.tolist() == [1, 0, 0]  # ...but 3 requests run in 4 rows anyway: one draft is free
+    k, _ = best_lengths(np.cumprod(np.full((4, 7), 0.9), axis=1), by_rows(1.0))
+    assert k.tolist() == [0, 0, 0, 0]
+    # One request alone: the AR step already pays for 2 rows, so one draft rides for free.
+    k, _ = best_lengths(np.cumprod(np.full((1, 7), 0.1), axis=1), by_rows(1.0, fixed=10.0))
+    assert k.tolist() == [1]
+
+
+def test_drafts_go_to_the_most_promising_requests_as_prefixes():
+    alpha = np.array([[0.95] * 7, [0.2] * 7, [0.9, 0.9, 0.1, 0.9, 0.9, 0.9, 0.9], [0.5] * 7])
+    gains = np.cumprod(alpha, axis=1)
+    # Rows beyond the AR step's 4 cost 0.3 each up to 8, then a lot: the best 4 drafts fit.
+    cost = lambda q: {4: 4.0, 8: 5.2}.get(step_shape(q)[1], 100.0)  # noqa: E731
+    k, _ = best_lengths(gains, cost)
+    assert k.sum() == 4 and k[1] == 0
+    assert k[0] >= k[3] and k[2] <= 2  # the 0.1 at position 3 stops request 2's prefix
+    for i in range(4):  # a verified draft's predecessors are verified too (prefix)
+        assert all(gains[i, m] >= gains[j, m2] for m in range(k[i]) for j in range(4) for m2 in range(k[j], 7))
+
+
+def test_calibrator_learns_from_outcomes():
+    cal = Calibrator(num_positions=3)
+    conf = np.array([[0.95, 0.95, 0.95]])
+    prior = cal.alpha(np.array([GREEDY]), conf)[0]
+    assert prior == pytest.approx([0.95] * 3)
+    for _ in range(50):  # confident drafts that the target rejects at position 1
+        cal.observe(GREEDY, conf[0], np.array([1.0, 0.0]))
+    after = cal.alpha(np.array([GREEDY]), conf)[0]
+    assert after[0] > 0.95 and after[1] < 0.2 and after[2] == pytest.approx(0.95)  # 3 never seen
+    assert cal.alpha(np.array([SAMPLED]), conf)[0] == pytest.approx(prior)  # modes are separate
+
+
+def test_cost_model_measures_and_predicts():
+    cost = CostModel(decay=0.5)
+    assert cost.verify((1, 2, 1)) < cost.verify((1, 8, 8))  # the prior already grows with rows
+    cost.observe((4, 4, 1), 0.10, 0, 0.0, 0.01)
+    cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01)
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.10)
+    assert cost.verify((4, 32, 8)) == pytest.approx(0.10 + 0.01 * 28)  # the line through both
+    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.01)
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.15)  # a running mean
+    assert cost.draft(3) == pytest.approx(0.02) and cost.draft(16) == pytest.approx(0.04)
+
+
+def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests():
+    policy = AdaptivePolicy(num_drafts=7, probe_every=4)
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+    for _ in range(3):  # measured: 4 AR rows 0.1 s, 8 rows 0.2 s, drafting 0.05 s
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+        policy.cost.observe((4, 8, 2), 0.2, 4, 0.05, 0.0)
+    for slot in slots:  # requests whose drafts are never accepted
+        policy.requests[slot].estimate[:] = 0.05
+    assert not policy.plan_drafts(slots).any()
+    for _ in range(3):
+        policy.observe(slots, np.zeros(4, np.int64), np.zeros(4, bool), None, np.zeros(4), np.zeros(4))
+    assert policy.plan_drafts(slots).all()  # idle for probe_every steps: drafted again
+
+    policy.requests[0].estimate[:] = 0.99  # one good request: drafted (its bucket of 1)
+    policy.requests[0].idle = policy.requests[1].idle = policy.requests[2].idle = policy.requests[3].idle = 0
+    policy.cost.observe((4, 8, 8), 0.1, 1, 0.001, 0.0)
+    assert policy.plan_drafts(slots).tolist() == [True, False, False, False]
+
+
+def test_request_bias_follows_its_outcomes():
+    policy = AdaptivePolicy(num_drafts=3)
+    policy.add(7)
+    conf = np.array([[0.5, 0.5, 0.5]])
+    before = policy.alphas([7], np.array([GREEDY]), conf)[0, 0]
+    for _ in range(5):  # this request's drafts always pass
+        policy.observe([7], np.array([GREEDY]), np.array([True]), conf, np.array([3]), np.array([3]))
+    assert policy.alphas([7], np.array([GREEDY]), conf)[0, 0] > before
+    policy.add(8)  # a new request starts from the (shared) calibration, without the bias
+    assert policy.requests[8].bias == 0.0
