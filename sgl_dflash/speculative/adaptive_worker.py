@@ -122,14 +122,9 @@ class AdaptiveDFlashWorker(DFlashWorker):
         the plain softmax's max for a greedy one (whose q is one-hot). A function of q only,
         never of the draws, so that choosing k from it keeps rejection sampling exact."""
         n, gamma, vocab = draft_logits.shape
-        rows = bucket(n)
-        padded = np.zeros((rows * gamma, vocab), np.float32)
-        padded[: n * gamma] = draft_logits.reshape(n * gamma, vocab)
-        temperature, top_p, top_k = info.padded(rows * gamma, repeat=gamma)
-        q = sampling.probs(padded, temperature, top_p, top_k)
-        sampled = np.asarray(_draw(q, self.target_worker.next_key())).reshape(rows, gamma)[:n]
-        confidence = np.asarray(_confidence(q, padded, temperature)).reshape(rows, gamma)[:n]
-        return q.reshape(rows, gamma, vocab), sampled, confidence
+        q, sampled, padded, temperature = self._draw_drafts(draft_logits, info)
+        confidence = np.asarray(_confidence(q.reshape(-1, vocab), padded, temperature)).reshape(-1, gamma)[:n]
+        return q, sampled, confidence
 
 
 @jax.jit

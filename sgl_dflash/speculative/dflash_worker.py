@@ -206,6 +206,12 @@ class DFlashWorker:
         """Draft tokens ~ q, with q the same transform of the draft logits as the target's p.
 
         Returns q [rows, B-1, V] (bucketed rows) and the drafts [n, B-1]."""
+        q, sampled, _, _ = self._draw_drafts(draft_logits, sampling_info)
+        return q, sampled
+
+    def _draw_drafts(self, draft_logits: np.ndarray, sampling_info: SamplingBatchInfo):
+        """(q [rows, B-1, V], drafts [n, B-1], and the padded logits [rows*(B-1), V] and
+        temperatures they were drawn with)."""
         n, gamma, vocab = draft_logits.shape
         rows = bucket(n)
         padded = np.zeros((rows * gamma, vocab), np.float32)
@@ -213,7 +219,7 @@ class DFlashWorker:
         temperature, top_p, top_k = sampling_info.padded(rows * gamma, repeat=gamma)
         q = sampling.probs(padded, temperature, top_p, top_k)
         sampled = np.asarray(_draw(q, self.target_worker.next_key())).reshape(rows, gamma)[:n]
-        return q.reshape(rows, gamma, vocab), sampled
+        return q.reshape(rows, gamma, vocab), sampled, padded, temperature
 
     def release(self, slot: int) -> None:
         self.target_worker.release(slot)
