@@ -119,6 +119,7 @@ class DFlashProposer:
             if self.token_map is not None:  # the mapped lm_head is a new, small array
                 self.lm_head = jax.device_put(self.lm_head, replicated)
         self._jit = jitted_drafter(self.config, self.block_size)
+        self._blocks_used = {self.block_size}  # draft blocks asked for (their programs count too)
         self._seqs: dict[Any, _SeqState] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
 
@@ -167,15 +168,25 @@ class DFlashProposer:
     def num_compilations(self) -> int:
         """Programs compiled so far by the jitted drafter functions (shared by proposers whose
         drafters have the same config)."""
-        return self._jit.num_traces
+        return sum(jitted_drafter(self.config, b).num_traces for b in self._blocks_used)
+
+    def _draft_jit(self, block_size: int | None):
+        """The jitted drafter for a draft block of `block_size` (default: the proposer's block).
+        A shorter block drafts fewer tokens from the same state (the adaptive worker's choice)."""
+        block = self.block_size if block_size is None else int(block_size)
+        if not 2 <= block <= self.block_size:
+            raise ValueError(f"draft block_size must be in [2, {self.block_size}], got {block_size!r}")
+        self._blocks_used.add(block)
+        return jitted_drafter(self.config, block), block
 
     # ---- decode step ----------------------------------------------------------------------------
 
     def propose(
         self, seq_ids: Sequence[Any], bonus_tokens: Any, *, return_logits: bool = False,
-        return_confidence: bool = False,
+        return_confidence: bool = False, block_size: int | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Drafts B-1 tokens per sequence: block [bonus, MASK x (B-1)] at positions L .. L+B-1.
+        """Drafts B-1 tokens per sequence: block [bonus, MASK x (B-1)] at positions L .. L+B-1
+        (B = `block_size`, default the proposer's; a shorter block drafts fewer tokens).
 
         Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits, or the
         drafter's confidence [n, B-1] when return_confidence: the probability of each greedy
@@ -188,16 +199,17 @@ class DFlashProposer:
         if self.config.is_dflash2:
             if return_logits or return_confidence:
                 raise ValueError("a DFlash 2 drafter samples its own path: use propose_path(..., temperatures=, key=)")
-            return self.propose_path(seq_ids, bonus_tokens).tokens
+            return self.propose_path(seq_ids, bonus_tokens, block_size=block_size).tokens
+        jit, block = self._draft_jit(block_size)
         batch = self._draft_batch(seq_ids, bonus_tokens)
         if batch is None:
-            empty = np.zeros((0, self.block_size - 1), np.int32)
+            empty = np.zeros((0, block - 1), np.int32)
             vocab = self.config.vocab_size
             if return_confidence:
                 return empty, np.zeros(empty.shape, np.float32)
             return (empty, np.zeros((0, self.block_size - 1, vocab), np.float32)) if return_logits else empty
         states, inputs, read_len = batch
-        tokens, logits, self.k_cache, self.v_cache = self._jit.draft(
+        tokens, logits, self.k_cache, self.v_cache = jit.draft(
             self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
             read_len=read_len,
         )
@@ -215,7 +227,8 @@ class DFlashProposer:
         return tokens, logits
 
     def propose_path(
-        self, seq_ids: Sequence[Any], bonus_tokens: Any, *, temperatures: Any = None, key: jax.Array | None = None
+        self, seq_ids: Sequence[Any], bonus_tokens: Any, *, temperatures: Any = None, key: jax.Array | None = None,
+        block_size: int | None = None,
     ) -> DraftPath:
         """DFlash 2: the selector's path from each bonus token, in one jitted step.
 
@@ -230,10 +243,11 @@ class DFlashProposer:
             temperatures = np.asarray(temperatures, np.float32).reshape(-1)
             if len(temperatures) != len(seq_ids) or not np.all(temperatures >= 0) or key is None:
                 raise ValueError(f"sampling needs {len(seq_ids)} temperatures >= 0 and a PRNG key")
+        jit, block = self._draft_jit(block_size)
         batch = self._draft_batch(seq_ids, bonus_tokens)
         top_k = self.config.selector_top_k
         if batch is None:
-            shape = (0, self.block_size - 1)
+            shape = (0, block - 1)
             return DraftPath(np.zeros(shape, np.int32), np.zeros((*shape, top_k), np.int32),
                              np.zeros((*shape, top_k), np.float32) if sampling else None)
         states, inputs, read_len = batch
@@ -241,7 +255,7 @@ class DFlashProposer:
             padded = np.zeros(inputs[-1].shape[0], np.float32)
             padded[: len(states)] = temperatures
             temperatures = jax.device_put(padded)
-        tokens, candidates, probs, self.k_cache, self.v_cache = self._jit.draft_path(
+        tokens, candidates, probs, self.k_cache, self.v_cache = jit.draft_path(
             self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
             temperatures, key, read_len=read_len,
         )

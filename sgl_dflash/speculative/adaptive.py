@@ -20,8 +20,13 @@ still yields one token). Three running models decide it (docs/adaptive.md):
   ones are prefixes); the shape with the most tokens per second wins.
 
 Before drafting, `plan_drafts` runs the same choice on each request's recent acceptance (no
-confidences yet) and the draft cost: a step whose drafts would not pay runs no drafter at all.
-A request left undrafted for `probe_every` steps is drafted anyway, so its estimate can recover.
+confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: the drafter fills a
+block in one forward, and a shorter block is a cheaper forward), with that block's measured draft
+cost: the block with the most tokens per second wins, and a step whose drafts would not pay runs
+no drafter at all. A request left undrafted for `probe_every` steps is drafted anyway (at the
+smallest block), so its estimate can recover. Every `explore_every`-th step, shapes and draft
+blocks never measured look cheaper than predicted (`explore_discount`), so a choice that may be
+better gets measured once instead of being ruled out by a guess.
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -125,18 +130,38 @@ def best_lengths(
     return best_k, best_rate
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftPlan:
+    """Which requests the drafter drafts this step, and the draft block: `block` tokens (the
+    bonus and block - 1 drafts) per drafted request; 0 when nothing is drafted."""
+
+    drafted: np.ndarray  # bool [n]
+    block: int
+
+
+def draft_blocks(block_size: int) -> tuple[int, ...]:
+    """The draft blocks a drafter of `block_size` may run: powers of two from 2, and its own."""
+    return tuple(sorted({1 << e for e in range(1, block_size.bit_length()) if 1 << e < block_size} | {block_size}))
+
+
 class AdaptivePolicy:
-    """Chooses per-request verify lengths for a `DFlashWorker`'s decode steps."""
+    """Chooses per-request verify lengths (and the draft block) for a `DFlashWorker`'s decode steps."""
 
     def __init__(self, num_drafts: int, probe_every: int = 16, learning_rate: float = 0.25,
-                 estimate_decay: float = 0.5, cost_model: CostModel | None = None):
-        self.num_drafts = num_drafts  # P = B - 1: drafts per request per draft step
+                 estimate_decay: float = 0.5, cost_model: CostModel | None = None,
+                 explore_every: int = 8, explore_discount: float = 0.7):
+        self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
+        self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
         self.learning_rate = learning_rate
         self.estimate_decay = estimate_decay
+        # Every `explore_every`-th step, what was never measured looks `explore_discount` times as
+        # costly as predicted: a shape or draft block that may be better gets tried and measured.
+        self.explore_every, self.explore_discount = explore_every, explore_discount
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         self.requests: dict[int, RequestState] = {}
+        self.steps = 0
 
     # -- request lifecycle ----------------------------------------------------------------
     def add(self, slot: int, mode: int = GREEDY) -> None:
@@ -151,30 +176,45 @@ class AdaptivePolicy:
         return self.requests[slot]
 
     # -- decisions --------------------------------------------------------------------------
-    def plan_drafts(self, slots: Sequence[int]) -> np.ndarray:
-        """bool [n]: the requests to draft this step. None when the drafts would not pay for the
-        drafter (by each request's recent acceptance), except probes of long-idle requests; the
-        drafter's batch bucket is filled with the next most promising requests (free)."""
+    @property
+    def exploring(self) -> bool:
+        return self.explore_every > 0 and self.steps % self.explore_every == 0
+
+    def plan_drafts(self, slots: Sequence[int]) -> DraftPlan:
+        """The requests to draft this step and the draft block, by each request's recent
+        acceptance: for each draft block, the best allocation of its drafts with the drafter's
+        cost added; none when no block pays for its drafter, except probes of long-idle requests
+        (drafted at the smallest block). The drafter's batch bucket is filled with the next most
+        promising requests (free)."""
+        self.steps += 1
         n = len(slots)
         states = [self._state(s) for s in slots]
         gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1)
-        draft_cost = self.cost.draft(n)
-        k, rate = best_lengths(gains, lambda q: draft_cost + self.step_cost(q))
-        ar_rate = n / self.step_cost(np.ones(n, np.int64))
-        chosen = (k > 0) if rate > ar_rate else np.zeros(n, bool)
-        chosen |= np.array([s.idle + 1 >= self.probe_every for s in states])
+        best_rate, best_k, block = n / self.step_cost(np.ones(n, np.int64)), np.zeros(n, np.int64), 0
+        for b in self.blocks:
+            draft_cost = self.draft_cost(n, b)
+            k, rate = best_lengths(gains[:, : b - 1], lambda q: draft_cost + self.step_cost(q))
+            if k.any() and rate > best_rate:
+                best_rate, best_k, block = rate, k, b
+        chosen = best_k > 0
+        probes = np.array([s.idle + 1 >= self.probe_every for s in states])
+        if probes.any() and not block:
+            block = self.blocks[0]
+        chosen |= probes
         count = int(chosen.sum())
         if 0 < count < n:
             room = (1 << (count - 1).bit_length()) - count  # the drafter pads to a power of two
             rest = [i for i in np.argsort(-gains[:, 0], kind="stable") if not chosen[i]]
             chosen[rest[:room]] = True
-        return chosen
+        return DraftPlan(chosen, block if chosen.any() else 0)
 
     def choose(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray,
-               confidence: np.ndarray | None, draft_seconds: float) -> np.ndarray:
-        """k [n]: drafts to verify per request (0 for undrafted ones). confidence [n, P] (rows of
-        undrafted requests ignored; None: no confidences, the recent estimates stand in)."""
-        alpha = self.alphas(slots, modes, confidence)
+               confidence: np.ndarray | None, draft_seconds: float, block: int | None = None) -> np.ndarray:
+        """k [n]: drafts to verify per request (0 for undrafted ones; at most block - 1, the
+        drafts drafted). confidence [n, P] (rows of undrafted requests and positions past the
+        block ignored; None: no confidences, the recent estimates stand in)."""
+        limit = self.num_drafts if block is None else block - 1
+        alpha = self.alphas(slots, modes, confidence)[:, :limit]
         gains = np.where(drafted[:, None], np.cumprod(alpha, axis=1), 0.0)
         k, _ = best_lengths(gains, lambda q: draft_seconds + self.step_cost(q))
         return k
@@ -188,13 +228,25 @@ class AdaptivePolicy:
         return _sigmoid(_logit(base) + bias)
 
     def step_cost(self, q_lens: np.ndarray) -> float:
-        return self.cost.overhead + self.cost.verify(step_shape(q_lens))
+        shape = step_shape(q_lens)
+        seconds = self.cost.verify(shape)
+        if self.exploring and shape not in self.cost.verify_s:
+            seconds *= self.explore_discount
+        return self.cost.overhead + seconds
+
+    def draft_cost(self, batch: int, block: int) -> float:
+        seconds = self.cost.draft(batch, block)
+        if self.exploring and not self.cost.measured_draft(batch, block):
+            seconds *= self.explore_discount
+        return seconds
 
     # -- learning -------------------------------------------------------------------------
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,
-                verified: np.ndarray, accepted: np.ndarray) -> None:
+                verified: np.ndarray, accepted: np.ndarray, block: int | None = None) -> None:
         """After the verify step: outcomes update the calibration, the request offsets and
-        the recent estimates. Position j of request i is observed when j <= min(a_i + 1, k_i)."""
+        the recent estimates (of the drafted block's positions). Position j of request i is
+        observed when j <= min(a_i + 1, k_i)."""
+        limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)
         for i, slot in enumerate(slots):
             state = self._state(slot)
@@ -205,7 +257,8 @@ class AdaptivePolicy:
             seen = min(int(accepted[i]) + 1, int(verified[i]))
             outcomes = (np.arange(seen) < accepted[i]).astype(np.float64)
             if confidence is not None:
-                state.estimate = (1 - self.estimate_decay) * state.estimate + self.estimate_decay * alpha[i]
+                state.estimate[:limit] = ((1 - self.estimate_decay) * state.estimate[:limit]
+                                          + self.estimate_decay * alpha[i, :limit])
                 self.calibrator.observe(int(modes[i]), confidence[i], outcomes)
             else:  # no confidences: the estimate follows the outcomes themselves
                 state.estimate[:seen] = (1 - self.estimate_decay) * state.estimate[:seen] + self.estimate_decay * outcomes

@@ -2,8 +2,10 @@
 how many drafts go to the target (`speculative/adaptive.py` decides; docs/adaptive.md).
 
 `forward_decode` reads top to bottom like `DFlashWorker.forward_decode`, with two decisions added:
-  0. plan    — which requests to draft at all (none when drafts would not pay for the drafter);
-  1. draft   — the drafter fills the block of those requests, with its confidence per draft;
+  0. plan    — which requests to draft at all (none when drafts would not pay for the drafter),
+               and the draft block b (2, 4, .. B: a shorter block is a cheaper drafter step);
+  1. draft   — the drafter fills the block of b tokens of those requests (b - 1 drafts each),
+               with its confidence per draft;
   2. choose  — k_i in 0 .. B-1 drafts per request, maximizing expected tokens per second;
   3. verify  — ONE ragged target step over the blocks [bonus, d_1 .. d_k_i] (k_i = 0: a plain
                decode step), acceptance over exactly the k_i verified drafts;
@@ -15,6 +17,7 @@ Greedy output stays the target's own; sampling stays lossless (k_i reads q, neve
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -55,9 +58,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
         compiled = self._compilations()
         t0 = time.perf_counter()
 
-        # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes).
-        drafted = self.policy.plan_drafts(slots)
-        rows = np.flatnonzero(drafted)
+        # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes), `block` tokens.
+        plan = self.policy.plan_drafts(slots)
+        drafted, block = plan.drafted, plan.block
+        rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
         confidence = np.zeros((n, B - 1), np.float32) if self.has_confidence else None
         draft_probs = None
@@ -65,25 +69,28 @@ class AdaptiveDFlashWorker(DFlashWorker):
         if len(rows):
             draft_slots, draft_bonus = [slots[i] for i in rows], [bonus[i] for i in rows]
             if info.is_all_greedy and self.has_confidence:
-                drafts[rows], confidence[rows] = self.proposer.propose(draft_slots, draft_bonus, return_confidence=True)
+                drafts[rows, :width], confidence[rows, :width] = self.proposer.propose(
+                    draft_slots, draft_bonus, return_confidence=True, block_size=block)
             elif info.is_all_greedy:
-                drafts[rows] = self.proposer.propose(draft_slots, draft_bonus)
+                drafts[rows, :width] = self.proposer.propose(draft_slots, draft_bonus, block_size=block)
             elif not self.has_confidence:  # DFlash 2: the selector samples its path, q over K candidates
                 from torchax_proposer import dense_draft_probs
 
                 path = self.proposer.propose_path(draft_slots, draft_bonus, temperatures=info.temperatures[rows],
-                                                  key=self.target_worker.next_key())
-                drafts[rows] = path.tokens
+                                                  key=self.target_worker.next_key(), block_size=block)
+                drafts[rows, :width] = path.tokens
                 q = dense_draft_probs(path.candidates, path.probs, self.vocab_size, rows=bucket(len(rows)))
-                draft_probs = _place_rows(q, rows, bucket(n))
+                draft_probs = _place_rows(q, rows, bucket(n), B - 1)
             else:
-                _, logits = self.proposer.propose(draft_slots, draft_bonus, return_logits=True)
-                q, drafts[rows], confidence[rows] = self._sample_drafts_scored(np.asarray(logits), info.select(rows))
-                draft_probs = _place_rows(q, rows, bucket(n))
+                _, logits = self.proposer.propose(draft_slots, draft_bonus, return_logits=True, block_size=block)
+                q, drafts[rows, :width], confidence[rows, :width] = self._sample_drafts_scored(
+                    np.asarray(logits), info.select(rows))
+                draft_probs = _place_rows(q, rows, bucket(n), B - 1)
         t2 = time.perf_counter()
 
         # 2. Choose k_i; 3. verify the ragged blocks in one step (acceptance padded to B).
-        verified = self.policy.choose(slots, modes, drafted, confidence, t2 - t1) if len(rows) else np.zeros(n, np.int64)
+        verified = (self.policy.choose(slots, modes, drafted, confidence, t2 - t1, block) if len(rows)
+                    else np.zeros(n, np.int64))
         seqs = [SeqInput([bonus[i], *drafts[i, : verified[i]]], batch.prefix_lens[i], batch.page_tables[i], "all")
                 for i in range(n)]
         if info.is_all_greedy:
@@ -100,10 +107,11 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.proposer.commit_block(slots, accepted, out.features)
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus
-        self.policy.observe(slots, modes, drafted, confidence, verified, accepted)
+        self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         t4 = time.perf_counter()
         if self._compilations() == compiled:  # a step that compiled measures the compiler
-            self.policy.cost.observe(step_shape(verified + 1), t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3))
+            self.policy.cost.observe(step_shape(verified + 1), t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
+                                     draft_block=block)
         for phase, seconds in (("draft", t2 - t0), ("verify", t3 - t2), ("commit", t4 - t3)):
             self.timings[phase] += seconds
         self.timings["steps"] += 1
@@ -133,16 +141,18 @@ def _confidence(q: jax.Array, logits: jax.Array, temperature: jax.Array) -> jax.
     return jnp.where(temperature > 0, jnp.max(q, axis=-1), plain)
 
 
-def _place_rows(q: jax.Array, rows: np.ndarray, num_rows: int) -> jax.Array:
-    """q [bucket(len(rows)), B-1, V] of the drafted requests -> [num_rows, B-1, V] in batch order
-    (undrafted rows zero: they verify no draft, so their q is never read)."""
-    if q.shape[0] == num_rows and np.array_equal(rows, np.arange(len(rows))):
-        return q  # every request drafted, in order
+def _place_rows(q: jax.Array, rows: np.ndarray, num_rows: int, width: int) -> jax.Array:
+    """q [bucket(len(rows)), b-1, V] of the drafted requests (a draft block of b <= B) ->
+    [num_rows, B-1 = width, V] in batch order (undrafted rows and positions past the draft block
+    zero: they are never verified, so that q is never read)."""
+    if q.shape[:2] == (num_rows, width) and np.array_equal(rows, np.arange(len(rows))):
+        return q  # every request drafted, in order, at the full block
     index = np.full(num_rows, q.shape[0], np.int32)  # the appended zero row
     index[rows] = np.arange(len(rows))
-    return _gather_rows(q, jax.device_put(index))
+    return _gather_rows(q, jax.device_put(index), width)
 
 
-@jax.jit
-def _gather_rows(q: jax.Array, index: jax.Array) -> jax.Array:
-    return jnp.concatenate([q, jnp.zeros_like(q[:1])])[index]
+@functools.partial(jax.jit, static_argnums=2)
+def _gather_rows(q: jax.Array, index: jax.Array, width: int) -> jax.Array:
+    q = jnp.pad(q, ((0, 1), (0, width - q.shape[1]), (0, 0)))
+    return q[index]

@@ -9,7 +9,8 @@ is predicted from the measured ones with a line in T (a step reads the weights o
 pays per row: a + b*T, least squares over the measured shapes; with measurements at a single T
 the slope assumes a step costs `prior_rows` rows of work before its first). Before any
 measurement the same prior gives relative costs, which is all a ratio of tokens per second needs.
-The draft cost is kept per drafter batch bucket the same way.
+The draft cost is kept per (drafter batch bucket, draft block) the same way: the policy may draft
+a shorter block than the drafter's (fewer mask positions, a cheaper drafter step).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class CostModel:
         self.prior_rows = prior_rows
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
         self.verify_s: dict[tuple[int, int, int], float] = {}
-        self.draft_s: dict[int, float] = {}
+        self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
         self.overhead = 0.0
         self._steps = 0
         self._line: tuple[float, float] | None = None  # (a, b) of the fit; None = refit
@@ -45,13 +46,13 @@ class CostModel:
         table[key] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
 
     def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,
-                overhead_s: float) -> None:
-        """One step: its verify shape and seconds, the drafter's batch (0: no draft) and seconds,
-        and the rest of the worker's step."""
+                overhead_s: float, draft_block: int = 0) -> None:
+        """One step: its verify shape and seconds, the drafter's batch (0: no draft), block and
+        seconds, and the rest of the worker's step."""
         self._update(self.verify_s, shape, verify_s)
         self._line = None
         if draft_batch:
-            self._update(self.draft_s, bucket(draft_batch), draft_s)
+            self._update(self.draft_s, (bucket(draft_batch), draft_block), draft_s)
         self.overhead = overhead_s if not self._steps else (1 - self.decay) * self.overhead + self.decay * overhead_s
         self._steps += 1
 
@@ -83,12 +84,16 @@ class CostModel:
             a = max(seconds.mean() - b * rows.mean(), 0.0)
         return float(a), float(b)
 
-    def draft(self, batch: int) -> float:
-        """Seconds of a draft step for `batch` requests (bucketed like the drafter's batch)."""
-        size = bucket(batch)
-        if size in self.draft_s:
-            return self.draft_s[size]
-        if self.draft_s:  # nearest measured bucket, scaled by the square root of the size ratio
-            near = min(self.draft_s, key=lambda s: abs(np.log2(s / size)))
-            return self.draft_s[near] * float(np.sqrt(size / near))
+    def measured_draft(self, batch: int, block: int) -> bool:
+        return (bucket(batch), block) in self.draft_s
+
+    def draft(self, batch: int, block: int) -> float:
+        """Seconds of a draft step of `block` tokens for `batch` requests (bucketed like the
+        drafter's batch)."""
+        key = (bucket(batch), block)
+        if key in self.draft_s:
+            return self.draft_s[key]
+        if self.draft_s:  # the nearest measured one, scaled by the square root of the work ratio
+            near = min(self.draft_s, key=lambda k: abs(np.log2(k[0] * k[1] / (key[0] * key[1]))))
+            return self.draft_s[near] * float(np.sqrt(key[0] * key[1] / (near[0] * near[1])))
         return 0.1 * self.verify(step_shape(np.ones(batch)))  # a guess until the first draft

@@ -7,6 +7,7 @@ import pytest
 
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.speculative.adaptive import DraftPlan
 from tests.speculative.test_dflash import batch_requests, reference_params, watch_steps
 from tests.speculative.test_dflash_sampling import exact_joint, goodness_of_fit
 
@@ -18,23 +19,27 @@ def adaptive_engine(engine_kwargs, trained_draft_dir):
 
 
 def random_lengths(engine, monkeypatch, seed=0):
-    """Replace the policy's decisions by random ones (drafted or not, any k): every mix of ragged
-    blocks, plain steps and pending drafter rows."""
+    """Replace the policy's decisions by random ones (drafted or not, any draft block, any k):
+    every mix of ragged blocks, shorter draft blocks, plain steps and pending drafter rows.
+    Returns the chosen k and draft blocks."""
     rng = np.random.default_rng(seed)
-    policy, blocks = engine.scheduler.worker.policy, engine.scheduler.worker.block_size
-    chosen = []
+    policy = engine.scheduler.worker.policy
+    chosen, blocks = [], []
 
     def plan(slots):
-        return rng.random(len(slots)) < 0.6
+        drafted = rng.random(len(slots)) < 0.6
+        block = int(rng.choice(policy.blocks)) if drafted.any() else 0
+        blocks.append(block)
+        return DraftPlan(drafted, block)
 
-    def choose(slots, modes, drafted, confidence, seconds):
-        k = np.where(drafted, rng.integers(0, blocks, len(slots)), 0)
+    def choose(slots, modes, drafted, confidence, seconds, block):
+        k = np.where(drafted, rng.integers(0, block, len(slots)), 0)
         chosen.extend(k.tolist())
         return k
 
     monkeypatch.setattr(policy, "plan_drafts", plan)
     monkeypatch.setattr(policy, "choose", choose)
-    return chosen
+    return chosen, blocks
 
 
 def flat_costs(engine, monkeypatch):
@@ -43,7 +48,7 @@ def flat_costs(engine, monkeypatch):
     and speculating pays, so a test's speculative path is exercised on any machine."""
     policy = engine.scheduler.worker.policy
     monkeypatch.setattr(policy, "step_cost", lambda q_lens: 1.0)
-    monkeypatch.setattr(policy.cost, "draft", lambda batch: 0.0)
+    monkeypatch.setattr(policy.cost, "draft", lambda batch, block: 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +61,7 @@ def none_outputs(none_engine, spec_prompts):
 
 @pytest.mark.parametrize("lengths", ["policy", "random"])
 def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec_prompts, none_outputs, monkeypatch):
-    chosen = random_lengths(adaptive_engine, monkeypatch) if lengths == "random" else None
+    chosen, blocks = random_lengths(adaptive_engine, monkeypatch) if lengths == "random" else (None, None)
     log = watch_steps(adaptive_engine, monkeypatch)
     params, expected = none_outputs
     outs = adaptive_engine.generate(input_ids=spec_prompts, sampling_params=params)  # stop rules cut blocks
@@ -70,8 +75,9 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(
         input_ids=many, sampling_params=greedy)]
     assert log["checks"] > 0
-    if chosen is not None:
+    if chosen is not None:  # every k and every draft block the drafter offers (16: 2, 4, 8, 16) ran
         assert set(chosen) == set(range(adaptive_engine.scheduler.worker.block_size))
+        assert set(blocks) - {0} == {2, 4, 8, 16}
     for out in outs:
         info = out["meta_info"]
         lens = info["spec_verify_len_histogram"]

@@ -60,33 +60,77 @@ def test_cost_model_measures_and_predicts():
     cost = CostModel(decay=0.5)
     assert cost.verify((1, 2, 1)) < cost.verify((1, 8, 8))  # the prior already grows with rows
     cost.observe((4, 4, 1), 0.10, 0, 0.0, 0.01)
-    cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01)
+    cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01, draft_block=4)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.10)
     assert cost.verify((4, 32, 8)) == pytest.approx(0.10 + 0.01 * 28)  # the line through both
     cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.01)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.15)  # a running mean
-    assert cost.draft(3) == pytest.approx(0.02) and cost.draft(16) == pytest.approx(0.04)
+    assert cost.draft(3, 4) == pytest.approx(0.02) and cost.draft(16, 4) == pytest.approx(0.04)
+    assert cost.draft(4, 16) == pytest.approx(0.04)  # nearest measured, by batch x block
 
 
 def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests():
-    policy = AdaptivePolicy(num_drafts=7, probe_every=4)
+    policy = AdaptivePolicy(num_drafts=7, probe_every=4, explore_every=0)
     slots = [0, 1, 2, 3]
     for slot in slots:
         policy.add(slot)
     for _ in range(3):  # measured: 4 AR rows 0.1 s, 8 rows 0.2 s, drafting 0.05 s
         policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
-        policy.cost.observe((4, 8, 2), 0.2, 4, 0.05, 0.0)
+        policy.cost.observe((4, 8, 2), 0.2, 4, 0.05, 0.0, draft_block=8)
     for slot in slots:  # requests whose drafts are never accepted
         policy.requests[slot].estimate[:] = 0.05
-    assert not policy.plan_drafts(slots).any()
+    plan = policy.plan_drafts(slots)
+    assert not plan.drafted.any() and plan.block == 0
     for _ in range(3):
         policy.observe(slots, np.zeros(4, np.int64), np.zeros(4, bool), None, np.zeros(4), np.zeros(4))
-    assert policy.plan_drafts(slots).all()  # idle for probe_every steps: drafted again
+    plan = policy.plan_drafts(slots)
+    assert plan.drafted.all() and plan.block == 2  # idle for probe_every steps: probed, at the cheapest block
 
     policy.requests[0].estimate[:] = 0.99  # one good request: drafted (its bucket of 1)
     policy.requests[0].idle = policy.requests[1].idle = policy.requests[2].idle = policy.requests[3].idle = 0
-    policy.cost.observe((4, 8, 8), 0.1, 1, 0.001, 0.0)
-    assert policy.plan_drafts(slots).tolist() == [True, False, False, False]
+    policy.cost.observe((4, 8, 8), 0.1, 1, 0.001, 0.0, draft_block=8)
+    plan = policy.plan_drafts(slots)
+    assert plan.drafted.tolist() == [True, False, False, False] and plan.block == 8
+
+
+def test_plan_chooses_the_draft_block_by_its_cost():
+    """Drafts past the first rarely pass: the cheap block of 2 wins over the drafter's 8, unless
+    the block of 8 costs no more to draft and verify."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0)
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = [0.9] + [0.3] * 6
+    for _ in range(3):  # 4 rows 0.1 s, 8 rows 0.12 s, 32 rows 0.4 s; drafting 8 costs 4x drafting 2
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+        policy.cost.observe((4, 8, 2), 0.12, 4, 0.01, 0.0, draft_block=2)
+        policy.cost.observe((4, 32, 8), 0.4, 4, 0.04, 0.0, draft_block=8)
+        policy.cost.observe((4, 16, 4), 0.2, 4, 0.02, 0.0, draft_block=4)
+    plan = policy.plan_drafts(slots)
+    assert plan.drafted.all() and plan.block == 2
+    for _ in range(40):  # now the long block is as cheap as the short one
+        policy.cost.observe((4, 32, 8), 0.12, 4, 0.01, 0.0, draft_block=8)
+        policy.cost.observe((4, 16, 4), 0.12, 4, 0.01, 0.0, draft_block=4)
+    assert policy.plan_drafts(slots).block == 8
+
+
+def test_exploration_tries_an_unmeasured_shape():
+    """Only the full draft block was ever measured; every `explore_every`-th step an unmeasured
+    block that may be better (predicted within the discount) is tried, so that its measurement
+    decides from then on."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=4)
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = 0.9
+    for _ in range(3):
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+        policy.cost.observe((4, 32, 8), 0.3, 4, 0.01, 0.0, draft_block=8)
+        policy.cost.observe((4, 16, 8), 0.25, 4, 0.01, 0.0, draft_block=8)
+    blocks = [policy.plan_drafts(slots).block for _ in range(4)]
+    assert blocks == [8, 8, 8, 4]  # the 4th step explores the block of 4
+    policy.cost.observe((4, 16, 4), 0.25, 4, 0.01, 0.0, draft_block=4)
+    assert policy.plan_drafts(slots).block == 8  # measured: no better
 
 
 def test_request_bias_follows_its_outcomes():
@@ -96,6 +140,10 @@ def test_request_bias_follows_its_outcomes():
     before = policy.alphas([7], np.array([GREEDY]), conf)[0, 0]
     for _ in range(5):  # this request's drafts always pass
         policy.observe([7], np.array([GREEDY]), np.array([True]), conf, np.array([3]), np.array([3]))
+    estimate = policy.requests[7].estimate.copy()
+    policy.observe([7], np.array([GREEDY]), np.array([True]), np.array([[0.99, 0.0, 0.0]]), np.array([1]),
+                   np.array([1]), block=2)
+    assert policy.requests[7].estimate[1:].tolist() == estimate[1:].tolist()  # undrafted positions kept
     assert policy.alphas([7], np.array([GREEDY]), conf)[0, 0] > before
     policy.add(8)  # a new request starts from the (shared) calibration, without the bias
     assert policy.requests[8].bias == 0.0

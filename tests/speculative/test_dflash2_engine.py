@@ -13,7 +13,7 @@ import torch
 
 from sgl_dflash.entrypoints.engine import Engine
 from tests.conftest import DRAFT_LAYER_IDS
-from tests.speculative.test_adaptive import flat_costs
+from tests.speculative.test_adaptive import flat_costs, random_lengths
 from tests.speculative.test_dflash_sampling import NUM_SAMPLES, exact_joint, goodness_of_fit
 from tests.tiny_checkpoints import load_hf_model
 from tests.tiny_draft import DFLASH2_TINY, make_tiny_draft
@@ -81,16 +81,19 @@ def test_engine_greedy_matches_dflash_generate(monkeypatch, engine, spec_target_
     assert accepted_any >= 5, accepted_any  # drafts were accepted: acceptance is compared too
 
 
-@pytest.mark.parametrize("config,adaptive", [({"temperature": 1.0}, False), ({"temperature": 0.8, "top_k": 3}, False),
-                                             ({"temperature": 1.0}, True)], ids=["t1", "top_k", "t1_adaptive"])
+@pytest.mark.parametrize("config,adaptive", [({"temperature": 1.0}, None), ({"temperature": 0.8, "top_k": 3}, None),
+                                             ({"temperature": 1.0}, "policy"), ({"temperature": 1.0}, "random")],
+                         ids=["t1", "top_k", "t1_adaptive", "t1_adaptive_random"])
 def test_engine_sampling_matches_target_distribution(monkeypatch, config, adaptive, engine_kwargs, trained_dflash2_dir,
                                                      trained_engine, none_engine, spec_target_dir, spec_prompts):
     # Adaptive: ragged verify lengths chosen per request (--speculative-adaptive), same guarantee.
     engine = trained_engine if not adaptive else Engine(
         **engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_dflash2_dir,
         speculative_adaptive=True)
-    if adaptive:
+    if adaptive == "policy":
         flat_costs(engine, monkeypatch)
+    elif adaptive == "random":  # any draft block (the selector's shorter paths) and any k
+        random_lengths(engine, monkeypatch, seed=2)
     prompt = spec_prompts[1]
     joint = exact_joint(load_hf_model(spec_target_dir), prompt, **config)
     sampled = {**config, "max_new_tokens": 3, "ignore_eos": True}

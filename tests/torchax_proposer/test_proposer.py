@@ -238,6 +238,32 @@ def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head):
         assert_same_state(proposer, seq, fresh, seq)
 
 
+def test_shorter_draft_block_equals_a_proposer_of_that_block(dirs, target_head):
+    """propose(block_size=b) (the adaptive worker's cheaper draft step) drafts what a proposer
+    built for block b drafts from the same state, and leaves a state the full block continues
+    from; its programs are counted; a block outside [2, B] is refused."""
+    rng = np.random.default_rng(8)
+    prompt, block_rows = rows(rng, 11), rng.standard_normal((1, BLOCK, FEATURES), dtype=np.float32)
+    full, small = make_proposer(dirs, target_head), make_proposer(dirs, target_head, block_size=4)
+    compiled = full.num_compilations()
+    for proposer in (full, small):
+        proposer.add(0, prompt)
+    tokens, confidence = full.propose([0], [5], return_confidence=True, block_size=4)
+    small_tokens, small_logits = small.propose([0], [5], return_logits=True)
+    assert tokens.shape == confidence.shape == (1, 3)
+    np.testing.assert_array_equal(tokens, small_tokens)
+    np.testing.assert_allclose(confidence, np.exp(small_logits.max(-1)) / np.exp(small_logits).sum(-1), atol=1e-5)
+    assert full.num_compilations() > compiled
+    for proposer in (full, small):
+        proposer.commit_block([0], [2], jax.device_put(block_rows[:, : proposer.block_size]))
+    assert_same_state(full, 0, small, 0)
+    assert full.propose([0], [6]).shape == (1, BLOCK - 1)
+    with pytest.raises(ValueError, match=r"\[2, 8\]"):
+        full.propose([0], [6], block_size=16)
+    with pytest.raises(ValueError, match=r"\[2, 4\]"):
+        small.propose([0], [6], block_size=8)
+
+
 @pytest.mark.slow
 def test_bfloat16_close_to_float32(dirs, target_head):
     rng = np.random.default_rng(4)
