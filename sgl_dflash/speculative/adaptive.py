@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jax_backend.batch import bucket
 from sgl_dflash.speculative.cost_model import CostModel, step_shape
 
 GREEDY, SAMPLED = 0, 1
@@ -63,6 +64,8 @@ class Calibrator:
         # Beta prior: `prior_weight` pseudo-drafts at the bin's confidence (a calibrated drafter).
         self.hits = np.broadcast_to(self.centers * prior_weight, shape).copy()
         self.trials = np.full(shape, prior_weight)
+        # Outcomes per position alone (a weak prior of one pass in two): a new request's estimate.
+        self.position_hits, self.position_trials = np.ones((2, num_positions)), np.full((2, num_positions), 2.0)
 
     def bins(self, confidence: np.ndarray) -> np.ndarray:
         return np.clip((np.asarray(confidence) * self.num_bins).astype(np.int64), 0, self.num_bins - 1)
@@ -74,15 +77,20 @@ class Calibrator:
         return table[np.asarray(modes)[:, None], positions, self.bins(confidence)]
 
     def position_means(self, mode: int) -> np.ndarray:
-        """[P] acceptance per position over all confidences seen (the no-confidence estimate)."""
-        return self.hits[mode].sum(axis=1) / self.trials[mode].sum(axis=1)
+        """[P] observed acceptance per position, whatever the confidence (a new request's
+        estimate, and the no-confidence one)."""
+        return self.position_hits[mode] / self.position_trials[mode]
 
-    def observe(self, mode: int, confidence: np.ndarray, outcomes: np.ndarray) -> None:
-        """outcomes[j] for the observed positions 0 .. len(outcomes)-1 (1 = accepted)."""
+    def observe(self, mode: int, confidence: np.ndarray | None, outcomes: np.ndarray) -> None:
+        """outcomes[j] for the observed positions 0 .. len(outcomes)-1 (1 = accepted), drafted
+        with `confidence` (None: a drafter without confidences; only the positions learn)."""
         m = len(outcomes)
-        cells = (mode, np.arange(m), self.bins(confidence[:m]))
-        np.add.at(self.hits, cells, outcomes)
-        np.add.at(self.trials, cells, 1.0)
+        if confidence is not None:
+            cells = (mode, np.arange(m), self.bins(confidence[:m]))
+            np.add.at(self.hits, cells, outcomes)
+            np.add.at(self.trials, cells, 1.0)
+        self.position_hits[mode, :m] += outcomes
+        self.position_trials[mode, :m] += 1.0
 
 
 @dataclasses.dataclass
@@ -149,7 +157,7 @@ class AdaptivePolicy:
 
     def __init__(self, num_drafts: int, probe_every: int = 16, learning_rate: float = 0.25,
                  estimate_decay: float = 0.5, cost_model: CostModel | None = None,
-                 explore_every: int = 8, explore_discount: float = 0.7):
+                 explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
@@ -158,6 +166,9 @@ class AdaptivePolicy:
         # Every `explore_every`-th step, what was never measured looks `explore_discount` times as
         # costly as predicted: a shape or draft block that may be better gets tried and measured.
         self.explore_every, self.explore_discount = explore_every, explore_discount
+        # A shape never run costs a compile, spread over the steps to come (at least this many;
+        # a server that has run N steps is taken to run N more).
+        self.compile_horizon = compile_horizon
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         self.requests: dict[int, RequestState] = {}
@@ -232,13 +243,20 @@ class AdaptivePolicy:
         seconds = self.cost.verify(shape)
         if self.exploring and shape not in self.cost.verify_s:
             seconds *= self.explore_discount
+        if shape not in self.cost.compiled_verify:
+            seconds += self._compile_share()
         return self.cost.overhead + seconds
 
     def draft_cost(self, batch: int, block: int) -> float:
         seconds = self.cost.draft(batch, block)
         if self.exploring and not self.cost.measured_draft(batch, block):
             seconds *= self.explore_discount
+        if (bucket(batch), block) not in self.cost.compiled_draft:
+            seconds += self._compile_share()
         return seconds
+
+    def _compile_share(self) -> float:
+        return self.cost.compile_s / max(self.compile_horizon, self.steps)
 
     # -- learning -------------------------------------------------------------------------
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,
@@ -259,9 +277,9 @@ class AdaptivePolicy:
             if confidence is not None:
                 state.estimate[:limit] = ((1 - self.estimate_decay) * state.estimate[:limit]
                                           + self.estimate_decay * alpha[i, :limit])
-                self.calibrator.observe(int(modes[i]), confidence[i], outcomes)
             else:  # no confidences: the estimate follows the outcomes themselves
                 state.estimate[:seen] = (1 - self.estimate_decay) * state.estimate[:seen] + self.estimate_decay * outcomes
+            self.calibrator.observe(int(modes[i]), None if confidence is None else confidence[i], outcomes)
             if seen:
                 step = self.learning_rate * (outcomes - alpha[i, :seen]).sum()
                 state.bias = float(np.clip(state.bias + step, -3, 3))

@@ -109,9 +109,11 @@ class AdaptiveDFlashWorker(DFlashWorker):
         tokens[np.arange(n), accepted] = new_bonus
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         t4 = time.perf_counter()
-        if self._compilations() == compiled:  # a step that compiled measures the compiler
+        if self._compilations() == compiled:
             self.policy.cost.observe(step_shape(verified + 1), t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
                                      draft_block=block)
+        else:  # a step that compiled measures the compiler
+            self.policy.cost.compiled(step_shape(verified + 1), len(rows), block, t4 - t0)
         for phase, seconds in (("draft", t2 - t0), ("verify", t3 - t2), ("commit", t4 - t3)):
             self.timings[phase] += seconds
         self.timings["steps"] += 1

@@ -37,6 +37,12 @@ class CostModel:
         self.verify_s: dict[tuple[int, int, int], float] = {}
         self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
         self.overhead = 0.0
+        # Shapes that ran (compiled) and what a step that compiled took: a shape never run costs
+        # a compile first, which the policy spreads over the steps still to come.
+        self.compiled_verify: set[tuple[int, int, int]] = set()
+        self.compiled_draft: set[tuple[int, int]] = set()
+        self.compile_s = 1.0
+        self._compiles = 0
         self._steps = 0
         self._line: tuple[float, float] | None = None  # (a, b) of the fit; None = refit
 
@@ -51,10 +57,21 @@ class CostModel:
         seconds, and the rest of the worker's step."""
         self._update(self.verify_s, shape, verify_s)
         self._line = None
+        self.compiled_verify.add(shape)
         if draft_batch:
             self._update(self.draft_s, (bucket(draft_batch), draft_block), draft_s)
+            self.compiled_draft.add((bucket(draft_batch), draft_block))
         self.overhead = overhead_s if not self._steps else (1 - self.decay) * self.overhead + self.decay * overhead_s
         self._steps += 1
+
+    def compiled(self, shape: tuple[int, int, int], draft_batch: int, draft_block: int, seconds: float) -> None:
+        """A step that compiled: not a measurement of its shape, but the shape is compiled now,
+        and `seconds` (the whole step) tells what a compile costs."""
+        self.compiled_verify.add(shape)
+        if draft_batch:
+            self.compiled_draft.add((bucket(draft_batch), draft_block))
+        self.compile_s = seconds if not self._compiles else (1 - self.decay) * self.compile_s + self.decay * seconds
+        self._compiles += 1
 
     # -- predictions ----------------------------------------------------------------------
     def verify(self, shape: tuple[int, int, int]) -> float:

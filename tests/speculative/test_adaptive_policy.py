@@ -54,6 +54,12 @@ def test_calibrator_learns_from_outcomes():
     after = cal.alpha(np.array([GREEDY]), conf)[0]
     assert after[0] > 0.95 and after[1] < 0.2 and after[2] == pytest.approx(0.95)  # 3 never seen
     assert cal.alpha(np.array([SAMPLED]), conf)[0] == pytest.approx(prior)  # modes are separate
+    # A new request's estimate: the outcomes per position (not the prior of 10 confidence bins).
+    means = cal.position_means(GREEDY)
+    assert means[0] > 0.95 and means[1] < 0.05 and means[2] == pytest.approx(0.5)
+    cal.observe(SAMPLED, None, np.array([1.0]))  # a drafter without confidences: positions only
+    assert cal.position_means(SAMPLED)[0] == pytest.approx(2 / 3)
+    assert cal.alpha(np.array([SAMPLED]), conf)[0] == pytest.approx(prior)
 
 
 def test_cost_model_measures_and_predicts():
@@ -114,23 +120,38 @@ def test_plan_chooses_the_draft_block_by_its_cost():
     assert policy.plan_drafts(slots).block == 8
 
 
-def test_exploration_tries_an_unmeasured_shape():
-    """Only the full draft block was ever measured; every `explore_every`-th step an unmeasured
-    block that may be better (predicted within the discount) is tried, so that its measurement
-    decides from then on."""
+def exploring_policy(compile_s: float) -> AdaptivePolicy:
     policy = AdaptivePolicy(num_drafts=7, explore_every=4)
-    slots = [0, 1, 2, 3]
-    for slot in slots:
+    for slot in range(4):
         policy.add(slot)
         policy.requests[slot].estimate[:] = 0.9
-    for _ in range(3):
+    for _ in range(3):  # only the full draft block was ever measured
         policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
         policy.cost.observe((4, 32, 8), 0.3, 4, 0.01, 0.0, draft_block=8)
         policy.cost.observe((4, 16, 8), 0.25, 4, 0.01, 0.0, draft_block=8)
-    blocks = [policy.plan_drafts(slots).block for _ in range(4)]
+    policy.cost.compiled((4, 16, 4), 4, 4, compile_s)  # ran once, while compiling
+    return policy
+
+
+def test_exploration_tries_an_unmeasured_shape():
+    """Every `explore_every`-th step a compiled but unmeasured draft block that may be better
+    (predicted within the discount) is tried, so that its measurement decides from then on."""
+    policy = exploring_policy(compile_s=1.0)
+    blocks = [policy.plan_drafts(range(4)).block for _ in range(4)]
     assert blocks == [8, 8, 8, 4]  # the 4th step explores the block of 4
     policy.cost.observe((4, 16, 4), 0.25, 4, 0.01, 0.0, draft_block=4)
-    assert policy.plan_drafts(slots).block == 8  # measured: no better
+    assert policy.plan_drafts(range(4)).block == 8  # measured: no better
+
+
+def test_a_shape_never_run_pays_for_its_compile():
+    """The same choice, but the block of 4 never ran: its compile (30 s here, spread over 64
+    steps) is not worth it, so exploration leaves it alone; a cheap compile is worth it."""
+    policy = exploring_policy(compile_s=30.0)
+    policy.cost.compiled_verify.discard((4, 16, 4))
+    policy.cost.compiled_draft.discard((4, 4))
+    assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [8, 8, 8, 8]
+    policy.cost.compile_s = 0.1
+    assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [8, 8, 8, 4]
 
 
 def test_request_bias_follows_its_outcomes():
