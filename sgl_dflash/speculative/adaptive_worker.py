@@ -64,7 +64,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
         confidence = np.zeros((n, B - 1), np.float32) if self.has_confidence else None
-        draft_probs = None
+        q = None  # sampling: the drafted rows' q [bucket(len(rows)), b-1, V]
         t1 = time.perf_counter()
         if len(rows):
             draft_slots, draft_bonus = [slots[i] for i in rows], [bonus[i] for i in rows]
@@ -80,26 +80,29 @@ class AdaptiveDFlashWorker(DFlashWorker):
                                                   key=self.target_worker.next_key(), block_size=block)
                 drafts[rows, :width] = path.tokens
                 q = dense_draft_probs(path.candidates, path.probs, self.vocab_size, rows=bucket(len(rows)))
-                draft_probs = _place_rows(q, rows, bucket(n), B - 1)
             else:
                 _, logits = self.proposer.propose(draft_slots, draft_bonus, return_logits=True, block_size=block)
                 q, drafts[rows, :width], confidence[rows, :width] = self._sample_drafts_scored(
                     np.asarray(logits), info.select(rows))
-                draft_probs = _place_rows(q, rows, bucket(n), B - 1)
         t2 = time.perf_counter()
 
-        # 2. Choose k_i; 3. verify the ragged blocks in one step (acceptance padded to B).
+        # 2. Choose k_i; 3. verify the ragged blocks in one step, the acceptance padded to the
+        # shape's block bucket Q (a function of the verify shape: no extra compiled programs).
         verified = (self.policy.choose(slots, modes, drafted, confidence, t2 - t1, block) if len(rows)
                     else np.zeros(n, np.int64))
+        shape = step_shape(verified + 1)
+        accept_width = max(2, shape[2])
         seqs = [SeqInput([bonus[i], *drafts[i, : verified[i]]], batch.prefix_lens[i], batch.page_tables[i], "all")
                 for i in range(n)]
         if info.is_all_greedy:
-            out = self.runner.verify(seqs, block_size=B)
+            out = self.runner.verify(seqs, block_size=accept_width)
         else:
-            if draft_probs is None:  # nothing drafted: no draft is verified, q is never read
-                draft_probs = jnp.zeros((bucket(n), B - 1, self.vocab_size), jnp.float32)
+            if q is None:  # nothing drafted: no draft is verified, q is never read
+                draft_probs = jnp.zeros((bucket(n), accept_width - 1, self.vocab_size), jnp.float32)
+            else:
+                draft_probs = _place_rows(q, rows, bucket(n), accept_width - 1)
             out = self.runner.verify(seqs, info.temperatures, info.top_ps, info.top_ks, draft_probs=draft_probs,
-                                     key=self.target_worker.next_key(), block_size=B)
+                                     key=self.target_worker.next_key(), block_size=accept_width)
         accepted, new_bonus = out.accepted, out.bonus
         t3 = time.perf_counter()
 
@@ -110,10 +113,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         t4 = time.perf_counter()
         if self._compilations() == compiled:
-            self.policy.cost.observe(step_shape(verified + 1), t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
+            self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
                                      draft_block=block)
         else:  # a step that compiled measures the compiler
-            self.policy.cost.compiled(step_shape(verified + 1), len(rows), block, t4 - t0)
+            self.policy.cost.compiled(shape, len(rows), block, t4 - t0)
         for phase, seconds in (("draft", t2 - t0), ("verify", t3 - t2), ("commit", t4 - t3)):
             self.timings[phase] += seconds
         self.timings["steps"] += 1
@@ -144,11 +147,12 @@ def _confidence(q: jax.Array, logits: jax.Array, temperature: jax.Array) -> jax.
 
 
 def _place_rows(q: jax.Array, rows: np.ndarray, num_rows: int, width: int) -> jax.Array:
-    """q [bucket(len(rows)), b-1, V] of the drafted requests (a draft block of b <= B) ->
-    [num_rows, B-1 = width, V] in batch order (undrafted rows and positions past the draft block
-    zero: they are never verified, so that q is never read)."""
+    """q [bucket(len(rows)), b-1, V] of the drafted requests (a draft block of b) -> [num_rows,
+    width, V] in batch order, for an acceptance `width` drafts wide (undrafted rows and positions
+    past the draft block zero, positions past the width dropped: none of them is verified, so that
+    q is never read)."""
     if q.shape[:2] == (num_rows, width) and np.array_equal(rows, np.arange(len(rows))):
-        return q  # every request drafted, in order, at the full block
+        return q  # every request drafted, in order, at the acceptance's width
     index = np.full(num_rows, q.shape[0], np.int32)  # the appended zero row
     index[rows] = np.arange(len(rows))
     return _gather_rows(q, jax.device_put(index), width)
@@ -156,5 +160,5 @@ def _place_rows(q: jax.Array, rows: np.ndarray, num_rows: int, width: int) -> ja
 
 @functools.partial(jax.jit, static_argnums=2)
 def _gather_rows(q: jax.Array, index: jax.Array, width: int) -> jax.Array:
-    q = jnp.pad(q, ((0, 1), (0, width - q.shape[1]), (0, 0)))
-    return q[index]
+    q = jnp.pad(q, ((0, 1), (0, max(0, width - q.shape[1])), (0, 0)))
+    return q[index, :width]

@@ -3,8 +3,10 @@
 A verify step's cost is a property of its compiled shape, which `step_shape` computes exactly as
 `jax_backend.batch.build_batch` pads it: S sequences, T token rows (>= 2), Q the longest block
 (the attention's dense query block), all powers of two. Every step the worker reports the
-seconds its verify, draft and the rest took; each shape keeps a running mean (an exponential
-moving average, so a drifting load or a growing context is followed). A shape not measured yet
+seconds its verify, draft and the rest took; each shape keeps the median of its last `window`
+measurements (robust to the outliers a shared machine produces, a garbage collection or another
+process's burst, which a running mean would carry for many steps; a window follows a drifting load
+or a growing context). A shape not measured yet
 is predicted from the measured ones with a line in T (a step reads the weights once and then
 pays per row: a + b*T, least squares over the measured shapes; with measurements at a single T
 the slope assumes a step costs `prior_rows` rows of work before its first). Before any
@@ -14,6 +16,8 @@ a shorter block than the drafter's (fewer mask positions, a cheaper drafter step
 """
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 
@@ -30,12 +34,14 @@ def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
 
 
 class CostModel:
-    def __init__(self, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3):
-        self.decay = decay  # weight of a new measurement in a running mean
+    def __init__(self, window: int = 9, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3):
+        self.window = window  # measurements per shape whose median is its cost
+        self.decay = decay  # weight of a new measurement in the running means (overhead, compiles)
         self.prior_rows = prior_rows
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
         self.verify_s: dict[tuple[int, int, int], float] = {}
         self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
+        self._samples: dict[tuple, collections.deque] = {}
         self.overhead = 0.0
         # Shapes that ran (compiled) and what a step that compiled took: a shape never run costs
         # a compile first, which the policy spreads over the steps still to come.
@@ -48,8 +54,9 @@ class CostModel:
 
     # -- measurements ---------------------------------------------------------------------
     def _update(self, table: dict, key, seconds: float) -> None:
-        old = table.get(key)
-        table[key] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
+        samples = self._samples.setdefault((id(table), key), collections.deque(maxlen=self.window))
+        samples.append(seconds)
+        table[key] = float(np.median(samples))
 
     def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,
                 overhead_s: float, draft_block: int = 0) -> None:

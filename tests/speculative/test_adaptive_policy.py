@@ -63,14 +63,19 @@ def test_calibrator_learns_from_outcomes():
 
 
 def test_cost_model_measures_and_predicts():
-    cost = CostModel(decay=0.5)
+    cost = CostModel(window=3)
     assert cost.verify((1, 2, 1)) < cost.verify((1, 8, 8))  # the prior already grows with rows
     cost.observe((4, 4, 1), 0.10, 0, 0.0, 0.01)
     cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01, draft_block=4)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.10)
     assert cost.verify((4, 32, 8)) == pytest.approx(0.10 + 0.01 * 28)  # the line through both
     cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.01)
-    assert cost.verify((4, 4, 1)) == pytest.approx(0.15)  # a running mean
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.15)  # the median of the last `window`
+    cost.observe((4, 4, 1), 5.0, 0, 0.0, 0.01)  # an outlier (another process's burst)...
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.20)  # ...moves the cost only to a real value
+    for _ in range(2):
+        cost.observe((4, 4, 1), 0.3, 0, 0.0, 0.01)
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.3)  # the window follows a lasting change
     assert cost.draft(3, 4) == pytest.approx(0.02) and cost.draft(16, 4) == pytest.approx(0.04)
     assert cost.draft(4, 16) == pytest.approx(0.04)  # nearest measured, by batch x block
 
