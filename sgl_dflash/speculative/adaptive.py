@@ -24,9 +24,10 @@ confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: t
 block in one forward, and a shorter block is a cheaper forward), with that block's measured draft
 cost: the block with the most tokens per second wins, and a step whose drafts would not pay runs
 no drafter at all. A request left undrafted for `probe_every` steps is drafted anyway (at the
-smallest block), so its estimate can recover. Every `explore_every`-th step, shapes and draft
-blocks never measured look cheaper than predicted (`explore_discount`), so a choice that may be
-better gets measured once instead of being ruled out by a guess.
+smallest block), so its estimate can recover. Every `explore_every`-th step, compiled shapes and
+draft blocks never measured look cheaper than predicted (`explore_discount`), so a choice that may
+be better gets measured once instead of being ruled out by a guess; a program never compiled
+carries a share of its compile time instead.
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -240,19 +241,21 @@ class AdaptivePolicy:
 
     def step_cost(self, q_lens: np.ndarray) -> float:
         shape = step_shape(q_lens)
-        seconds = self.cost.verify(shape)
-        if self.exploring and shape not in self.cost.verify_s:
-            seconds *= self.explore_discount
-        if shape not in self.cost.compiled_verify:
-            seconds += self._compile_share()
+        seconds = self._explored(self.cost.verify(shape), shape in self.cost.verify_s, shape in self.cost.compiled_verify)
         return self.cost.overhead + seconds
 
     def draft_cost(self, batch: int, block: int) -> float:
-        seconds = self.cost.draft(batch, block)
-        if self.exploring and not self.cost.measured_draft(batch, block):
-            seconds *= self.explore_discount
-        if (bucket(batch), block) not in self.cost.compiled_draft:
-            seconds += self._compile_share()
+        key = (bucket(batch), block)
+        return self._explored(self.cost.draft(batch, block), key in self.cost.draft_s, key in self.cost.compiled_draft)
+
+    def _explored(self, seconds: float, measured: bool, compiled: bool) -> float:
+        """A prediction as the choice sees it: a compiled but unmeasured program looks cheaper on
+        exploration steps; one never compiled carries its share of a compile (never discounted:
+        exploring by compiling would stall the step for seconds)."""
+        if not compiled:
+            return seconds + self._compile_share()
+        if self.exploring and not measured:
+            return seconds * self.explore_discount
         return seconds
 
     def _compile_share(self) -> float:

@@ -149,14 +149,17 @@ def test_exploration_tries_an_unmeasured_shape():
 
 
 def test_a_shape_never_run_pays_for_its_compile():
-    """The same choice, but the block of 4 never ran: its compile (30 s here, spread over 64
-    steps) is not worth it, so exploration leaves it alone; a cheap compile is worth it."""
+    """The same choice, but the block of 4 never ran: exploration does not compile (a compile
+    stalls a step for seconds), and its prediction carries a share of the measured compile time."""
     policy = exploring_policy(compile_s=30.0)
     policy.cost.compiled_verify.discard((4, 16, 4))
     policy.cost.compiled_draft.discard((4, 4))
     assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [8, 8, 8, 8]
-    policy.cost.compile_s = 0.1
-    assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [8, 8, 8, 4]
+    predicted = policy.cost.draft(4, 4)
+    assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 64)  # a young server: 64 steps
+    policy.steps = 640
+    assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 640)  # ran N steps: N more
+    assert policy.draft_cost(4, 8) == pytest.approx(policy.cost.draft(4, 8))  # compiled: no share
 
 
 def test_request_bias_follows_its_outcomes():
