@@ -54,19 +54,9 @@ class DFlashProposer:
     # Smallest cache window read by a draft; windows grow by powers of two up to max_context_len.
     min_read_len = 128
 
-    def __init__(
-        self,
-        draft_dir: str | Path,
-        *,
-        target_embed: Any,
-        target_lm_head: Any,
-        target_config: dict[str, Any],
-        max_num_seqs: int,
-        max_context_len: int,
-        block_size: int | None = None,
-        dtype: str = "float32",
-        token_map: Sequence[int] | None = None,
-    ):
+    def __init__(self, draft_dir: str | Path, *, target_embed: Any, target_lm_head: Any, target_config: dict[str, Any],
+                 max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",
+                 token_map: Sequence[int] | None = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self.config = self.model.config
         self.block_size = int(self.config.block_size if block_size is None else block_size)
@@ -171,8 +161,7 @@ class DFlashProposer:
         return sum(jitted_drafter(self.config, b).num_traces for b in self._blocks_used)
 
     def _draft_jit(self, block_size: int | None):
-        """The jitted drafter for a draft block of `block_size` (default: the proposer's block).
-        A shorter block drafts fewer tokens from the same state (the adaptive worker's choice)."""
+        """The jitted drafter of a `block_size` draft block (default: the proposer's; shorter: fewer drafts)."""
         block = self.block_size if block_size is None else int(block_size)
         if not 2 <= block <= self.block_size:
             raise ValueError(f"draft block_size must be in [2, {self.block_size}], got {block_size!r}")
@@ -204,10 +193,9 @@ class DFlashProposer:
         batch = self._draft_batch(seq_ids, bonus_tokens)
         if batch is None:
             empty = np.zeros((0, block - 1), np.int32)
-            vocab = self.config.vocab_size
-            if return_confidence:
-                return empty, np.zeros(empty.shape, np.float32)
-            return (empty, np.zeros((0, self.block_size - 1, vocab), np.float32)) if return_logits else empty
+            if not (return_logits or return_confidence):
+                return empty
+            return empty, np.zeros(empty.shape + ((self.config.vocab_size,) if return_logits else ()), np.float32)
         states, inputs, read_len = batch
         tokens, logits, self.k_cache, self.v_cache = jit.draft(
             self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
