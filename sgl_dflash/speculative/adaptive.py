@@ -98,7 +98,7 @@ class Calibrator:
 class RequestState:
     """A running request's part of the policy (the worker keeps one per slot)."""
 
-    estimate: np.ndarray  # [P] its recent observed acceptance per position (the plan's, before drafting)
+    estimate: np.ndarray  # [P] its recent calibrated acceptance per position (before drafting)
     bias: float = 0.0  # logit offset learned from its own outcomes
     idle: int = 0  # steps since it was last drafted
 
@@ -157,16 +157,13 @@ class AdaptivePolicy:
     """Chooses per-request verify lengths (and the draft block) for a `DFlashWorker`'s decode steps."""
 
     def __init__(self, num_drafts: int, probe_every: int = 16, learning_rate: float = 0.25,
-                 estimate_decay: float = 0.3, cost_model: CostModel | None = None, draft_margin: float = 0.05,
+                 estimate_decay: float = 0.5, cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
         self.learning_rate = learning_rate
         self.estimate_decay = estimate_decay
-        # A step drafts only if that is expected to beat a plain step by this fraction: per-step
-        # differences near zero are noise in the measured costs, and drafting them away loses.
-        self.draft_margin = draft_margin
         # Every `explore_every`-th step, what was never measured looks `explore_discount` times as
         # costly as predicted: a shape or draft block that may be better gets tried and measured.
         self.explore_every, self.explore_discount = explore_every, explore_discount
@@ -205,8 +202,7 @@ class AdaptivePolicy:
         n = len(slots)
         states = [self._state(s) for s in slots]
         gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1)
-        plain_rate = n / self.step_cost(np.ones(n, np.int64))
-        best_rate, best_k, block = plain_rate * (1 + self.draft_margin), np.zeros(n, np.int64), 0
+        best_rate, best_k, block = n / self.step_cost(np.ones(n, np.int64)), np.zeros(n, np.int64), 0
         for b in self.blocks:
             draft_cost = self.draft_cost(n, b)
             k, rate = best_lengths(gains[:, : b - 1], lambda q: draft_cost + self.step_cost(q))
@@ -267,9 +263,11 @@ class AdaptivePolicy:
 
     # -- learning -------------------------------------------------------------------------
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,
-                verified: np.ndarray, accepted: np.ndarray) -> None:
+                verified: np.ndarray, accepted: np.ndarray, block: int | None = None) -> None:
         """After the verify step: outcomes update the calibration, the request offsets and
-        the recent estimates. Position j of request i is observed when j <= min(a_i + 1, k_i)."""
+        the recent estimates (of the drafted block's positions). Position j of request i is
+        observed when j <= min(a_i + 1, k_i)."""
+        limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)
         for i, slot in enumerate(slots):
             state = self._state(slot)
@@ -279,9 +277,11 @@ class AdaptivePolicy:
             state.idle = 0
             seen = min(int(accepted[i]) + 1, int(verified[i]))
             outcomes = (np.arange(seen) < accepted[i]).astype(np.float64)
-            # The plan's estimate follows the request's own outcomes (its calibrated confidences
-            # judged a chat request by what confident drafts achieve on math).
-            state.estimate[:seen] = (1 - self.estimate_decay) * state.estimate[:seen] + self.estimate_decay * outcomes
+            if confidence is not None:
+                state.estimate[:limit] = ((1 - self.estimate_decay) * state.estimate[:limit]
+                                          + self.estimate_decay * alpha[i, :limit])
+            else:  # no confidences: the estimate follows the outcomes themselves
+                state.estimate[:seen] = (1 - self.estimate_decay) * state.estimate[:seen] + self.estimate_decay * outcomes
             self.calibrator.observe(int(modes[i]), None if confidence is None else confidence[i], outcomes)
             if seen:
                 step = self.learning_rate * (outcomes - alpha[i, :seen]).sum()

@@ -110,7 +110,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.proposer.commit_block(slots, accepted, out.features)
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus
-        self.policy.observe(slots, modes, drafted, confidence, verified, accepted)
+        self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         t4 = time.perf_counter()
         if self._compilations() == compiled:
             self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
