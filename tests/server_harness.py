@@ -144,19 +144,27 @@ def launch_cli_server(args: list[str], log_path: Path, timeout: float = 300.0,
         stdout=log, stderr=subprocess.STDOUT, env=_env_sharing_jax_cache(),
     )
     handle = SubprocessServer(f"http://127.0.0.1:{port}", process, Path(log_path))
+    wait_until_up(handle, process, handle.base_url + "/health", timeout, "launch_server")
+    return handle
+
+
+def wait_until_up(server, process: subprocess.Popen, health_url: str, timeout: float, name: str,
+                  poll_s: float = 0.5) -> None:
+    """Polls `health_url` until it answers 200. A process that exits, or no answer within
+    `timeout` seconds (the server is stopped then), raises with the server's log."""
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"launch_server exited with {process.returncode}:\n{handle.log()}")
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{server.log()}")
         try:
-            if requests.get(handle.base_url + "/health", timeout=2).status_code == 200:
-                return handle
-        except requests.ConnectionError:
+            if requests.get(health_url, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
             pass
         if time.monotonic() > deadline:
-            handle.stop()
-            raise RuntimeError(f"launch_server did not come up in {timeout}s:\n{handle.log()}")
-        time.sleep(0.5)
+            server.stop()
+            raise RuntimeError(f"{name} did not come up in {timeout}s:\n{server.log()}")
+        time.sleep(poll_s)
 
 
 def _env_sharing_jax_cache() -> dict[str, str]:

@@ -41,7 +41,7 @@ class CostModel:
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
         self.verify_s: dict[tuple[int, int, int], float] = {}
         self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
-        self._samples: dict[tuple, collections.deque] = {}
+        self._samples: dict[tuple[str, tuple], collections.deque] = {}  # ("verify" | "draft", key)
         self.overhead = 0.0
         # Shapes that ran (compiled) and what a step that compiled took: a shape never run costs
         # a compile first, which the policy spreads over the steps still to come.
@@ -53,8 +53,8 @@ class CostModel:
         self._line: tuple[float, float] | None = None  # (a, b) of the fit; None = refit
 
     # -- measurements ---------------------------------------------------------------------
-    def _update(self, table: dict, key, seconds: float) -> None:
-        samples = self._samples.setdefault((id(table), key), collections.deque(maxlen=self.window))
+    def _update(self, table: dict, name: str, key: tuple, seconds: float) -> None:
+        samples = self._samples.setdefault((name, key), collections.deque(maxlen=self.window))
         samples.append(seconds)
         table[key] = float(np.median(samples))
 
@@ -62,11 +62,11 @@ class CostModel:
                 overhead_s: float, draft_block: int = 0) -> None:
         """One step: its verify shape and seconds, the drafter's batch (0: no draft), block and
         seconds, and the rest of the worker's step."""
-        self._update(self.verify_s, shape, verify_s)
+        self._update(self.verify_s, "verify", shape, verify_s)
         self._line = None
         self.compiled_verify.add(shape)
         if draft_batch:
-            self._update(self.draft_s, (bucket(draft_batch), draft_block), draft_s)
+            self._update(self.draft_s, "draft", (bucket(draft_batch), draft_block), draft_s)
             self.compiled_draft.add((bucket(draft_batch), draft_block))
         self.overhead = overhead_s if not self._steps else (1 - self.decay) * self.overhead + self.decay * overhead_s
         self._steps += 1
@@ -107,9 +107,6 @@ class CostModel:
             b = max(b, 0.0)
             a = max(seconds.mean() - b * rows.mean(), 0.0)
         return float(a), float(b)
-
-    def measured_draft(self, batch: int, block: int) -> bool:
-        return (bucket(batch), block) in self.draft_s
 
     def draft(self, batch: int, block: int) -> float:
         """Seconds of a draft step of `block` tokens for `batch` requests (bucketed like the

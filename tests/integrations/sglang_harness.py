@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import requests
 
-from tests.server_harness import free_port
+from tests.server_harness import free_port, wait_until_up
 
 
 class SGLangServer:
@@ -22,19 +21,7 @@ class SGLangServer:
              "--port", str(self.port)],
             stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=dict(os.environ),
         )
-        deadline = time.monotonic() + 600
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"sglang.launch_server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if requests.get(self.base_url + "/health_generate", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"sglang.launch_server did not come up:\n{self.log()}")
-            time.sleep(1)
+        wait_until_up(self, self.process, self.base_url + "/health_generate", 600, "sglang.launch_server", poll_s=1)
 
     def log(self) -> str:
         return open(self.log_path, errors="replace").read()
