@@ -232,6 +232,13 @@ def write_kv(kv_pages: jax.Array, new_kv: jax.Array, slot_mapping: jax.Array) ->
     is harmless because page 0 is never read as a real sequence's page.
     """
     *lead, num_pages, page_size, num_combined, head_dim = kv_pages.shape
+    if slot_mapping.shape[0] == 1:
+        # XLA:CPU lowers a one-row scatter to a dynamic-update-slice and copies the whole pool
+        # first; one extra row into scratch slot 0 keeps it an in-place scatter. (Padding the
+        # whole batch to two tokens instead made every decode matmul a 2-row GEMM: ~15% of a
+        # B=1 step on XLA:CPU, whose 1-row GEMV reads weights much faster.)
+        new_kv = jnp.concatenate([new_kv, jnp.zeros_like(new_kv[..., :1, :, :])], axis=-3)
+        slot_mapping = jnp.concatenate([slot_mapping, jnp.zeros_like(slot_mapping)])
     flat = kv_pages.reshape(*lead, num_pages * page_size, num_combined, head_dim)
     flat = flat.at[..., slot_mapping, :, :].set(new_kv.astype(flat.dtype))
     return flat.reshape(kv_pages.shape)

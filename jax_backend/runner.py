@@ -306,10 +306,10 @@ class TargetRunner:
             if ids.size and (ids.min() < 0 or ids.max() >= vocab):
                 raise BatchError(f"sequence {i}: token ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
 
-        # min_tokens=2: with a single token row XLA:CPU lowers the KV write to a
-        # dynamic-update-slice and copies the whole pool first; one padding row avoids that.
+        # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv`
+        # pads its scatter instead.
         return build_batch(
-            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_tokens=2,
+            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq,
             min_pages=max(1, DEFAULT_CHUNK_TOKENS // self.page_size),
         )
 

@@ -167,3 +167,36 @@ def test_no_aux_layers_returns_empty_tuple(checkpoint, hf):
     out = plain.forward([SeqInput(ids, 0, plain.allocator.allocate(0, 9))])
     assert out.aux_hidden == ()
     np.testing.assert_allclose(out.logits[0][0], _hf_run(hf, ids)[0][-1], atol=TOL, rtol=0)
+
+
+def test_one_sequence_decodes_one_row_without_copying_the_pool(runner, hf):
+    """A lone decode runs one token row (XLA:CPU's 1-row GEMV reads weights far faster than a
+    2-row GEMM), its KV write stays an in-place scatter (no program copies the pool), and its
+    greedy tokens are transformers'."""
+    prompt, alloc = _ids(50, 9), runner.allocator
+    out = runner.forward([SeqInput(prompt, 0, alloc.allocate("one", len(prompt)))])
+    tokens = [int(out.logits[0][0].argmax())]
+    for _ in range(8):
+        pos = len(prompt) + len(tokens) - 1
+        seq = SeqInput([tokens[-1]], pos, alloc.allocate("one", pos + 1))
+        tokens.append(int(runner.sample([seq], [0.0], [1.0], [0]).tokens[0]))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=len(tokens), do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert tokens == ref
+    alloc.free("one")
+
+    batch, _ = runner._batch([seq])
+    assert batch.tokens.shape == (1,)
+    greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
+    hlo = runner._sample_steps["greedy"].lower(runner._step_params, runner.kv_pool, batch, *greedy, None)
+    pool_elements = runner.kv_pool.size
+    copies = [line.strip()[:120] for line in hlo.compile().as_text().splitlines()
+              if " copy(" in line and _elements(line.split("=")[1]) == pool_elements]
+    assert not copies
+
+
+def _elements(hlo_type: str) -> int:
+    """Element count of the first array type in an HLO result, e.g. 'f32[4,8,2]{...} copy(...)'."""
+    dims = hlo_type.strip().split("[", 1)[1].split("]", 1)[0]
+    return int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
