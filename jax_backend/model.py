@@ -87,8 +87,15 @@ def forward(
              new kv_pool).
     """
     h, aux, new_kv = _layers(params, config, kv_pool, batch, aux_layer_ids)
+    slots = batch.slot_mapping
+    if isinstance(params["layers"], (list, tuple)):
+        # Unrolled, XLA hoists every layer's page gather to the start, where nothing orders it
+        # before the in-place write below, and it copies the whole pool (twice) to keep the
+        # reads safe. A data edge from h (which every read feeds) to the write's slots orders
+        # them; it never fires for finite h (a NaN step sends its writes to scratch page 0).
+        slots = jnp.where(jnp.isnan(h[0, 0]), 0, slots)
     # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
-    kv_pool = write_kv(kv_pool, new_kv, batch.slot_mapping)
+    kv_pool = write_kv(kv_pool, new_kv, slots)
     return final_logits(params, config, h, batch.logits_indices), aux, kv_pool
 
 
