@@ -6,6 +6,7 @@
     python -m sgl_dflash.train train --out DIR --time-budget-s 1200   # CUDA if present, else CPU
     python -m sgl_dflash.train eval --draft DIR                   # held-out teacher-forced tau
     python -m sgl_dflash.train token-map --out DIR/token_map.json # the ids the responses use
+                                         [--max-ids N]           #   (only the N most frequent)
     python -m sgl_dflash.train curve --runs DIR... --out docs/training/learning_curve
 
 Every command is resumable: rerun it after an interruption.
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--num-layers", type=int, default=3)
     g.add_argument("--block-size", type=int, default=8)
     g.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8], help="eval: block sizes")
+    g.add_argument("--token-map", type=Path, default=None, help="eval: draft over these ids only (JSON list)")
+    g.add_argument("--max-ids", type=int, default=None, help="token-map: keep the N most frequent ids")
     g.add_argument("--num-feature-layers", type=int, default=5)
     g.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
     g.add_argument("--mask-token-id", type=int, default=None)
@@ -147,17 +150,21 @@ def main(argv: list[str] | None = None) -> None:
 
         if args.draft is None:
             parser.error("eval needs --draft DIR")
+        token_map = None if args.token_map is None else json.loads(args.token_map.read_text())
         print(json.dumps(trainer.evaluate_checkpoint(args.target, ResponseSet.load(_set_dir(args)), args.draft,
-                                                     args.block_sizes, holdout=args.holdout, device=args.device),
+                                                     args.block_sizes, holdout=args.holdout, device=args.device,
+                                                     token_map=token_map),
                          indent=1))
     elif args.command == "token-map":
         from sgl_dflash.tools.train.responses import ResponseSet
 
         if args.out is None:
             parser.error("token-map needs --out FILE")
-        ids = ResponseSet.load(_set_dir(args)).used_token_ids()
+        responses = ResponseSet.load(_set_dir(args))
+        ids = responses.used_token_ids(args.max_ids)
+        counts = responses.token_counts()
         args.out.write_text(json.dumps(ids) + "\n")
-        print(f"{args.out}: {len(ids)} token ids")
+        print(f"{args.out}: {len(ids)} token ids, {counts[ids].sum() / max(1, counts.sum()):.2%} of response tokens")
     elif args.command == "curve":
         from sgl_dflash.tools.train.curve import run_row, write_curve
 

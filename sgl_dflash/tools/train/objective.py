@@ -95,13 +95,19 @@ def block_loss(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tenso
 
 @torch.no_grad()
 def acceptance(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, blocks: Blocks,
-               block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+               block_size: int, token_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced greedy acceptance per block: (accepted drafts [blocks], correct [blocks, B-1])
-    over full blocks (the drafter sees the true committed prefix: exactly greedy spec decoding)."""
+    over full blocks (the drafter sees the true committed prefix: exactly greedy spec decoding).
+    `token_map` (ids): drafts are the argmax over those ids only, as `--speculative-token-map` serves."""
     hidden = draft_hidden(model, embed, blocks, block_size)[:, :, 1:].flatten(0, 1)  # [blocks, B-1, H]
     if getattr(model, "candidate_selector", None) is not None:  # DFlash 2 drafts the selector's path
+        if token_map is not None:
+            raise ValueError("held-out tau under a token map is measured for DFlash 1 drafters only")
         anchor_ids = torch.gather(blocks.tokens, 1, blocks.anchors).flatten()
         drafts = torch.cat([model.propose(h, a, lm_head)[0] for h, a in zip(hidden.split(256), anchor_ids.split(256))])
+    elif token_map is not None:
+        head = lm_head[token_map]
+        drafts = token_map[torch.cat([model.compute_logits(h, head).argmax(-1) for h in hidden.split(256)])]
     else:
         drafts = torch.cat([model.compute_logits(h, lm_head).argmax(-1) for h in hidden.split(256)])
     drafts = drafts.view(blocks.labels.shape)
@@ -112,8 +118,10 @@ def acceptance(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tenso
 
 
 def evaluate(model, target: FeatureTarget, seqs: Sequence[TrainSequence], block_size: int, *,
-             max_anchors: int = 512, batch: int = 8) -> dict:
-    """Held-out teacher-forced tau (1 + accepted drafts per full block) and per-position acceptance."""
+             max_anchors: int = 512, batch: int = 8, token_map: Sequence[int] | None = None) -> dict:
+    """Held-out teacher-forced tau (1 + accepted drafts per full block) and per-position acceptance
+    (drafting over `token_map`'s ids only, when given)."""
+    ids = None if token_map is None else torch.as_tensor(list(token_map), dtype=torch.long, device=target.device)
     was_training = model.training
     model.eval()
     accepted, correct = [], []
@@ -126,7 +134,7 @@ def evaluate(model, target: FeatureTarget, seqs: Sequence[TrainSequence], block_
         if blocks is None:
             continue
         with autocast(target.device):
-            a, c = acceptance(model, target.embed, target.lm_head, blocks, block_size)
+            a, c = acceptance(model, target.embed, target.lm_head, blocks, block_size, ids)
         accepted.append(a.cpu())
         correct.append(c.cpu())
     model.train(was_training)
@@ -135,7 +143,8 @@ def evaluate(model, target: FeatureTarget, seqs: Sequence[TrainSequence], block_
     a, c = torch.cat(accepted).float(), torch.cat(correct).float()
     # Acceptance rate at offset k: P(drafts 1..k all correct).
     lead = torch.cumprod(c, -1).mean(0)
-    return {"block_size": block_size, "tau": round(float(1 + a.mean()), 4), "blocks": int(len(a)),
+    return {"block_size": block_size, **({} if ids is None else {"token_map_ids": len(ids)}),
+            "tau": round(float(1 + a.mean()), 4), "blocks": int(len(a)),
             "sequences": len(seqs), "accept_rate_per_position": [round(float(x), 4) for x in lead],
             "accuracy_per_position": [round(float(x), 4) for x in c.mean(0)]}
 

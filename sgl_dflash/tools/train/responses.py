@@ -125,12 +125,22 @@ class ResponseSet:
     def response_tokens(self) -> int:
         return int(sum(len(r.output_ids) for r in self.rows))
 
-    def used_token_ids(self) -> list[int]:
-        """Every token id some response uses, sorted: the drafter's hot-token map
-        (`--speculative-token-map`)."""
+    def used_token_ids(self, max_ids: int | None = None) -> list[int]:
+        """The drafter's hot-token map (`--speculative-token-map`), sorted: every token id some
+        response uses, or only the `max_ids` most frequent ones (ties: the smaller id first)."""
+        counts = self.token_counts()
+        used = np.flatnonzero(counts)
+        if max_ids is not None:
+            if max_ids < 1:
+                raise ResponseSetError(f"max_ids must be positive, got {max_ids}")
+            used = used[np.argsort(-counts[used], kind="stable")[:max_ids]]
+        return np.sort(used).tolist()
+
+    def token_counts(self) -> np.ndarray:
+        """How often each token id occurs in the responses (int64 [max id + 1])."""
         if not self.rows:
-            return []
-        return np.unique(np.concatenate([r.output_ids for r in self.rows])).tolist()
+            return np.zeros(0, np.int64)
+        return np.bincount(np.concatenate([r.output_ids for r in self.rows]))
 
     # -- writing ---------------------------------------------------------------------------------
     def append(self, rows: Iterable[dict], *, sampling: str, generated_by: str, source_note: str = "") -> int:

@@ -212,8 +212,10 @@ def _summary(cfg: TrainConfig, draft_config: dict, target_dir, state: dict, num_
 
 def evaluate_checkpoint(target_dir: str | os.PathLike, data: ResponseSet | Sequence[Response],
                         draft_dir: str | os.PathLike, block_sizes: Sequence[int] = (4, 8), *, holdout: int = 64,
-                        trim_loops: bool = True, device: str | torch.device | None = None) -> dict:
-    """Held-out teacher-forced tau of a saved drafter on the same split `train` holds out."""
+                        trim_loops: bool = True, device: str | torch.device | None = None,
+                        token_map: Sequence[int] | None = None) -> dict:
+    """Held-out teacher-forced tau of a saved drafter on the same split `train` holds out
+    (drafting over `token_map`'s ids only, when given)."""
     from torchax_proposer import load_draft_model
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -222,7 +224,7 @@ def evaluate_checkpoint(target_dir: str | os.PathLike, data: ResponseSet | Seque
     _, held_rows = split_holdout(list(data), holdout)
     held = [to_train_sequence(r, trim_loops=trim_loops, max_seq_len=1024) for r in held_rows]
     target = FeatureTarget(target_dir, model.target_layer_ids, device)
-    return {f"B{b}": evaluate(model, target, held, b) for b in block_sizes}
+    return {f"B{b}": evaluate(model, target, held, b, token_map=token_map) for b in block_sizes}
 
 
 def train_drafter(target_dir: str | os.PathLike, out_dir: str | os.PathLike, sequences: Sequence[Sequence[int]],

@@ -126,6 +126,20 @@ def test_response_set_round_trip_never_stores_a_prompt_twice(tmp_path):
         ResponseSet.load(tmp_path / "set")
 
 
+def test_token_map_keeps_the_most_frequent_ids(tmp_path):
+    rs = ResponseSet.open(tmp_path / "set", {"name": "t", "checksum": "sha256:abc"})
+    rows = [{"id": f"r{i}", "source": "s", "prompt_ids": [1], "output_ids": out, "finish": "stop"}
+            for i, out in enumerate([[7, 7, 7, 3], [3, 3, 9, 5], [5, 11]])]  # 3: 3x, 7: 3x, 5: 2x, 9/11: 1x
+    rs.append(rows, sampling="greedy", generated_by="test")
+    assert rs.used_token_ids() == [3, 5, 7, 9, 11]
+    assert rs.used_token_ids(max_ids=2) == [3, 7]
+    assert rs.used_token_ids(max_ids=4) == [3, 5, 7, 9]  # ties: the smaller id first
+    assert rs.used_token_ids(max_ids=100) == [3, 5, 7, 9, 11]
+    assert rs.token_counts()[[3, 7, 5, 9, 0]].tolist() == [3, 3, 2, 1, 0]
+    with pytest.raises(ResponseSetError, match="max_ids"):
+        rs.used_token_ids(max_ids=0)
+
+
 def test_holdout_split_is_stable_when_the_set_grows():
     def rows(n):
         return [Response(f"id{i}", "s", np.array([1]), np.array([2, 3]), "stop", "greedy") for i in range(n)]
@@ -253,6 +267,28 @@ def test_teacher_forced_tau_matches_the_reference_loop(trained, tiny_target, tmp
     tau_ref = reference_tau(out, tiny_target, prompts, 48)
     assert result[f"B{BLOCK}"]["sequences"] == 6
     assert abs(result[f"B{BLOCK}"]["tau"] - tau_ref) < 0.35 * tau_ref, (result, tau_ref)
+
+
+@pytest.mark.slow
+def test_held_out_tau_under_a_token_map(trained, tiny_target):
+    """Drafting over a hot-token map: a map of every id changes nothing; a map holding every label
+    can only turn wrong drafts right; a map without the labels accepts nothing."""
+    out, _, _ = trained
+    _, seqs = greedy_sequences(tiny_target, 6, 8, 48, seed=7)
+    rows = [Response(f"p{i}", "s", s[:8].numpy(), s[8:].numpy(), "length", "greedy") for i, s in enumerate(seqs)]
+    vocab = json.loads((Path(tiny_target) / "config.json").read_text())["vocab_size"]
+    labels = sorted({t for r in rows for t in r.output_ids.tolist()})
+
+    def tau(token_map):
+        result = trainer.evaluate_checkpoint(tiny_target, rows, out, [BLOCK], holdout=6, trim_loops=False,
+                                             device="cpu", token_map=token_map)[f"B{BLOCK}"]
+        return result["tau"], result["accuracy_per_position"]
+
+    full, full_accuracy = tau(None)
+    assert tau(list(range(vocab))) == (full, full_accuracy)
+    hot, hot_accuracy = tau(labels)
+    assert hot >= full and all(h >= f for h, f in zip(hot_accuracy, full_accuracy))
+    assert tau(sorted(set(range(vocab)) - set(labels)))[0] == 1.0
 
 
 @pytest.mark.slow
