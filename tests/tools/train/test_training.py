@@ -395,6 +395,7 @@ def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
     assert (asset / "model.safetensors").stat().st_size < 50 * 2**20
     token_map = json.loads((asset / "token_map.json").read_text())
     assert token_map == sorted(set(token_map)) and 0 < len(token_map) < config["vocab_size"]
+    assert config["token_map"]["ids"] == len(token_map)  # its provenance and held-out tau by map size
     converted = model_import.default_model_dir() / "config.json"
     target = json.loads(converted.read_text()) if converted.is_file() else config["target"]
     model = load_draft_model(asset, {k: target[k] for k in ("hidden_size", "vocab_size", "num_hidden_layers")})
