@@ -30,3 +30,17 @@ def test_demo_serves_smollm2_with_the_shipped_drafter_losslessly(tmp_path, capsy
 def test_demo_needs_a_drafter_for_another_target(tmp_path):
     with pytest.raises(SystemExit):
         demo.main(["--model-path", str(tmp_path)])
+
+
+def test_readme_engine_example_runs(monkeypatch, capsys):
+    """The README's offline-engine example, run as written from the repository root."""
+    from sgl_dflash import tools
+    from sgl_dflash.tools import model_import
+
+    model_import.ensure_default_model()  # the example's model_path: the converted default target
+    code = (tools.REPO_ROOT / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    assert "sgl_dflash.Engine(" in code and "speculative_token_map=" in code
+    monkeypatch.chdir(tools.REPO_ROOT)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.split()
+    assert len(printed) > 3 and float(printed[-1]) > 1.0  # an answer, then its accept length
