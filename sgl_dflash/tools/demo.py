@@ -6,11 +6,12 @@ The embedded default is SmolLM2-135M-Instruct (converted once from the PyPI pack
 into cache/models/, about a minute, with a progress bar) served with the DFlash drafter we trained
 for it, shipped in sgl_dflash/assets/smollm2-135m-dflash with its hot-token map (token_map.json:
 the drafter proposes only the 8,192 tokens its training responses use most, so its lm_head read
-shrinks 6x). `--tiny-pair` uses the small generated pair instead (built into cache/tiny_pair/). Answers a few chat prompts greedily
-with NONE and with DFLASH, one request at a time (the latency case speculative decoding is for),
-after one warm-up pass each (JAX compiles on first use). Prints the answers, tau (tokens per target
-verify step), tokens/s of both and their ratio, and whether the outputs are identical (greedy
-DFLASH is lossless).
+shrinks 6x). `--tiny-pair` uses the small generated pair instead (built into cache/tiny_pair/).
+Answers a few chat prompts greedily with NONE and with DFLASH, one request at a time (the latency
+case speculative decoding is for), the two engines taking turns prompt by prompt, after one
+warm-up pass (JAX compiles on first use). Prints the answers, tau (tokens per target verify step),
+tokens/s of both and their ratio, and whether the outputs are identical (greedy DFLASH is
+lossless).
 """
 
 from __future__ import annotations
@@ -57,13 +58,18 @@ def use_compilation_cache(cache_dir: str | Path = tools.CACHE_DIR / "jax_compila
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def run(engine: Engine, prompts: list[str], max_new_tokens: int) -> tuple[list[dict[str, Any]], float]:
-    """Generate for each prompt alone; returns the outputs and the total wall time."""
+def run(engines: dict[str, Engine], prompts: list[str], max_new_tokens: int) -> dict[str, dict[str, Any]]:
+    """Each prompt alone on every engine, the engines taking turns prompt by prompt (who goes first
+    alternates), so that a shared machine's drift falls on all of them alike; each engine's time
+    counts its own requests only. Returns {name: {"outputs", "seconds"}}."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
-    outputs, start = [], time.perf_counter()
-    for prompt in prompts:
-        outputs.append(engine.generate(prompt=prompt, sampling_params=params))
-    return outputs, time.perf_counter() - start
+    results = {name: {"outputs": [], "seconds": 0.0} for name in engines}
+    for i, prompt in enumerate(prompts):
+        for name in list(engines)[:: 1 if i % 2 == 0 else -1]:
+            start = time.perf_counter()
+            results[name]["outputs"].append(engines[name].generate(prompt=prompt, sampling_params=params))
+            results[name]["seconds"] += time.perf_counter() - start
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -104,17 +110,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          speculative_token_map=args.speculative_token_map),
     }
     prompts = chat_prompts(engines["NONE"].tokenizer, args.questions)
-    results: dict[str, Any] = {}
-    for name, engine in engines.items():
-        print(f"[{name}] warm-up (compiles) ...", flush=True)
-        run(engine, prompts, args.max_new_tokens)
-        outputs, seconds = run(engine, prompts, args.max_new_tokens)
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
-        results[name] = {"outputs": outputs, "seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
-        if name == "DFLASH":
-            # tau: tokens per verify step (the first token comes from the prefill, not a verify).
-            verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in outputs)
-            results[name]["tau"] = (tokens - len(outputs)) / max(1, verify_steps)
+    print("[NONE, DFLASH] warm-up (compiles) ...", flush=True)
+    run(engines, prompts, args.max_new_tokens)
+    results = run(engines, prompts, args.max_new_tokens)
+    for result in results.values():
+        result["tokens"] = sum(o["meta_info"]["completion_tokens"] for o in result["outputs"])
+        result["tokens_per_s"] = result["tokens"] / result["seconds"]
+    dflash = results["DFLASH"]
+    # tau: tokens per verify step (the first token comes from the prefill, not a verify).
+    verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in dflash["outputs"])
+    dflash["tau"] = (dflash["tokens"] - len(dflash["outputs"])) / max(1, verify_steps)
 
     none, dflash = results["NONE"], results["DFLASH"]
     same = [a["output_ids"] == b["output_ids"] for a, b in zip(none["outputs"], dflash["outputs"])]
