@@ -116,12 +116,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for result in results.values():
         result["tokens"] = sum(o["meta_info"]["completion_tokens"] for o in result["outputs"])
         result["tokens_per_s"] = result["tokens"] / result["seconds"]
-    dflash = results["DFLASH"]
+    none, dflash = results["NONE"], results["DFLASH"]
     # tau: tokens per verify step (the first token comes from the prefill, not a verify).
     verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in dflash["outputs"])
     dflash["tau"] = (dflash["tokens"] - len(dflash["outputs"])) / max(1, verify_steps)
 
-    none, dflash = results["NONE"], results["DFLASH"]
     same = [a["output_ids"] == b["output_ids"] for a, b in zip(none["outputs"], dflash["outputs"])]
     for question, out, match in zip(args.questions, dflash["outputs"], same):
         print(f"\n### {question}\n{out['text'].strip()}\n"

@@ -105,11 +105,11 @@ def acceptance(model: torch.nn.Module, embed: torch.Tensor, lm_head: torch.Tenso
             raise ValueError("held-out tau under a token map is measured for DFlash 1 drafters only")
         anchor_ids = torch.gather(blocks.tokens, 1, blocks.anchors).flatten()
         drafts = torch.cat([model.propose(h, a, lm_head)[0] for h, a in zip(hidden.split(256), anchor_ids.split(256))])
-    elif token_map is not None:
-        head = lm_head[token_map]
-        drafts = token_map[torch.cat([model.compute_logits(h, head).argmax(-1) for h in hidden.split(256)])]
     else:
-        drafts = torch.cat([model.compute_logits(h, lm_head).argmax(-1) for h in hidden.split(256)])
+        head = lm_head if token_map is None else lm_head[token_map]
+        drafts = torch.cat([model.compute_logits(h, head).argmax(-1) for h in hidden.split(256)])
+        if token_map is not None:  # positions in the map -> token ids
+            drafts = token_map[drafts]
     drafts = drafts.view(blocks.labels.shape)
     correct = (drafts == blocks.labels) & (blocks.label_mask > 0)
     full = blocks.label_mask.sum(-1) == block_size - 1
