@@ -27,11 +27,15 @@ class ContextLengthError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ForwardOutput:
     """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i.
-    `aux_hidden[i]`: jax array [q_len, n_aux * H] (outputs of the aux layers, concatenated in
-    `aux_layer_ids` order); an empty tuple when the runner has no aux layers."""
+    `aux_hidden[i]`: np.float32 [q_len, n_aux * H] (outputs of the aux layers, concatenated in
+    `aux_layer_ids` order) and `features[i]` the same rows as the drafter's context features
+    (`hidden_state_features`); empty tuples when the runner has no aux layers. Both are host
+    arrays: sliced per sequence on the host, since a device slice compiles once per q_len (i.e.
+    once per new prompt length, in the middle of serving)."""
 
     logits: list[np.ndarray]
-    aux_hidden: list[jax.Array] | tuple
+    aux_hidden: list[np.ndarray] | tuple
+    features: list[np.ndarray] | tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +44,8 @@ class SampleOutput:
     `aux_hidden` as in `ForwardOutput`."""
 
     tokens: np.ndarray
-    aux_hidden: list[jax.Array] | tuple
+    aux_hidden: list[np.ndarray] | tuple
+    features: list[np.ndarray] | tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +173,7 @@ class TargetRunner:
         per_seq_logits = [
             logits[start : start + n] for start, n in zip(layout.logit_starts, layout.num_logits)
         ]
-        return ForwardOutput(per_seq_logits, self._aux_rows(aux, layout))
+        return ForwardOutput(per_seq_logits, *self._aux_rows(aux, layout))
 
     def sample(
         self,
@@ -191,7 +196,7 @@ class TargetRunner:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
         tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
-        return SampleOutput(np.asarray(tokens)[: len(seqs)], self._aux_rows(aux, layout))
+        return SampleOutput(np.asarray(tokens)[: len(seqs)], *self._aux_rows(aux, layout))
 
     def verify(
         self,
@@ -283,14 +288,14 @@ class TargetRunner:
         """{"weights" | "kv": {device: bytes}}: what each device holds of the target."""
         return {"weights": sharding.bytes_per_device(self.params), "kv": sharding.bytes_per_device(self.kv_pool)}
 
-    def _aux_rows(self, aux: jax.Array, layout) -> list[jax.Array] | tuple:
+    def _aux_rows(self, aux: jax.Array, layout) -> tuple[list[np.ndarray] | tuple, list[np.ndarray] | tuple]:
+        """(raw aux rows, drafter features) per sequence, on the host: the padded batch's rows
+        are normed in one program per token bucket and copied once."""
         if not self.aux_layer_ids:
-            return ()
-        # dynamic_slice: one tiny compiled slice per q_len, not per offset.
-        return [
-            jax.lax.dynamic_slice_in_dim(aux, start, q)
-            for start, q in zip(layout.token_starts, layout.q_lens)
-        ]
+            return (), ()
+        raw, features = np.asarray(aux), np.asarray(self.hidden_state_features(aux))
+        spans = [slice(start, start + q) for start, q in zip(layout.token_starts, layout.q_lens)]
+        return [raw[s] for s in spans], [features[s] for s in spans]
 
     def _batch(self, seqs: Sequence[SeqInput]):
         if len(seqs) > self.max_num_seqs:

@@ -129,7 +129,7 @@ class DFlashSpecWorker(BaseSpecWorker):
         for i, req in enumerate(batch.reqs):
             if step.prefix_lens[i] == 0:  # a new request, or a retracted one computed again
                 self._release(req.rid)
-            features = np.asarray(self.engine.runner.hidden_state_features(out.aux_hidden[i]))
+            features = out.features[i]
             self._chunks.setdefault(req.rid, []).append(features)
             self._reqs[req.rid] = req
             if step.sample[i]:  # the prompt is complete: the drafter gets all of it

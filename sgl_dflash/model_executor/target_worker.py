@@ -116,7 +116,7 @@ class TargetWorker:
     def _aux_rows(self, out: ForwardOutput) -> list[np.ndarray] | None:
         if not self.record_aux:
             return None
-        return [np.asarray(self.runner.hidden_state_features(aux)) for aux in out.aux_hidden]
+        return list(out.features)
 
     # -- logprob scoring ------------------------------------------------------------------
     def score(self, token_ids: list[int], top_k: int) -> TokenScores | None:

@@ -140,8 +140,8 @@ class DFlashWorker:
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Target prefill (first token = the first bonus) and the drafter's context features."""
         result, out = self.target_worker.forward_extend(batch)
-        for slot, features in zip(batch.slots, out.aux_hidden):
-            self.add_context(slot, self.runner.hidden_state_features(features))
+        for slot, features in zip(batch.slots, out.features):
+            self.add_context(slot, features)
         result.num_draft_tokens = self.block_size - 1
         return result
 

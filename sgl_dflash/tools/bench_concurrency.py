@@ -10,10 +10,13 @@ joins as soon as one finishes, like c clients each sending their next prompt), g
 template. Engines use the engine's defaults (context, KV budget, running requests) and live side
 by side in one process; on every (set, c) row they take scheduler steps in turn (who steps first
 rotates per row) and each is timed over its own steps only, so a shared machine's changing load
-falls on all of them alike. Each row is served twice and the second pass is measured: the first
-compiles the shapes the row needs (prompt-length and context buckets; JAX compiles on first use,
-which would otherwise dominate short runs) and is where the adaptive policy first measures its step
-costs (it keeps learning in the measured pass too).
+falls on all of them alike. Each row is served until a pass in which no engine compiled anything
+(at most --max-passes), and that pass is measured: a warm server has compiled the shapes a row
+needs (prompt-length, batch and context buckets; JAX compiles on first use, seconds per shape on a
+CPU), and one compile in a measured pass would outweigh the differences it measures. The adaptive
+engine's finishing order, hence its prefill batches, can change while its policy learns, so it may
+need a third pass where the others are warm after one. A row that never got a compile-free pass
+says how many steps compiled in its measured pass.
 
 Writes <out>/concurrency.json (tokens/s, ratios to NONE and to the best fixed block, outputs equal to
 NONE's, chosen verify lengths) and <out>/concurrency.png (tokens/s per concurrency, one panel per set).
@@ -26,12 +29,33 @@ import json
 import time
 from pathlib import Path
 
+import jax
+
 from tqdm import tqdm
 
 from sgl_dflash import tools
 from sgl_dflash.tools import datasets
 
 SETS = (*datasets.BENCH_DATASETS, "mixed")
+
+
+class CompileCounter:
+    """Counts JAX compilations process-wide (traces of a new shape or a new function: every
+    compile, also one served from the persistent compilation cache, starts with one)."""
+
+    count = 0
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if not cls._installed:
+            jax.monitoring.register_event_duration_secs_listener(cls._on_event)
+            cls._installed = True
+
+    @classmethod
+    def _on_event(cls, event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            cls.count += 1
 
 
 def prompt_sets(names: list[str], count: int, offset: int = 0) -> dict[str, list[str]]:
@@ -55,6 +79,8 @@ class ClosedLoop:
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
         self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
+        self.compiling_steps = 0
+        CompileCounter.install()
 
     @property
     def finished(self) -> bool:
@@ -64,7 +90,7 @@ class ClosedLoop:
         from sgl_dflash.managers.schedule_batch import Req, new_rid
         from sgl_dflash.sampling_params import SamplingParams
 
-        start = time.perf_counter()
+        start, compiles = time.perf_counter(), CompileCounter.count
         while self.queue and len(self.running) < self.concurrency:
             params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
             req = Req(new_rid(), self.queue.pop(0), params)
@@ -73,6 +99,7 @@ class ClosedLoop:
             self.running.append(req)
         self.scheduler.step()
         self.seconds += time.perf_counter() - start
+        self.compiling_steps += CompileCounter.count > compiles
         for req in [r for r in self.running if r.finished]:
             self.running.remove(req)
             self.done[self.order[req.rid]] = req
@@ -81,7 +108,7 @@ class ClosedLoop:
         reqs = [self.done[i] for i in range(len(self.done))]
         tokens = sum(len(r.output_ids) for r in reqs)
         result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": tokens / self.seconds,
-                  "outputs": [list(r.output_ids) for r in reqs]}
+                  "compiling_steps": self.compiling_steps, "outputs": [list(r.output_ids) for r in reqs]}
         if reqs and reqs[0].spec_verify_ct:
             steps = sum(r.spec_verify_ct for r in reqs)
             drafts = sum(r.spec_num_proposed_drafts for r in reqs)
@@ -104,6 +131,17 @@ def serve(engines: dict, prompts: list[list[int]], concurrency: int, max_new_tok
             if not loop.finished:
                 loop.step()
     return {name: loop.result() for name, loop in loops.items()}
+
+
+def serve_warm(engines: dict, prompts: list[list[int]], concurrency: int, max_new_tokens: int,
+               max_passes: int) -> tuple[dict[str, dict], int]:
+    """`serve` until a pass (the second at the earliest) in which no engine compiled anything,
+    at most `max_passes` times: (that pass's results, passes served)."""
+    for passes in range(1, max_passes + 1):
+        row = serve(engines, prompts, concurrency, max_new_tokens)
+        if passes > 1 and not any(r["compiling_steps"] for r in row.values()):
+            break
+    return row, passes
 
 
 def make_engines(args) -> dict:
@@ -141,7 +179,7 @@ def run(args) -> dict:
     sets = {name: [chat_prompt_ids(tokenizer, p) for p in prompts]
             for name, prompts in prompt_sets(args.datasets, count).items()}
     names = list(engines)
-    progress = tqdm(total=2 * len(args.concurrency) * len(sets), desc="bench_concurrency", unit="pass")
+    progress = tqdm(total=len(args.concurrency) * len(sets), desc="bench_concurrency", unit="row")
 
     results = {"config": vars(args) | {"out": str(args.out)}, "machine": _machine(), "rows": {}}
     fixed = [n for n in names if n.startswith("B=")]
@@ -150,17 +188,17 @@ def run(args) -> dict:
             first = len(results["rows"]) % len(names)
             turn = names[first:] + names[:first]  # rotate who steps first
             group = {name: engines[name] for name in turn}
-            for measured in (False, True):  # the first pass compiles (and the policy measures costs)
-                progress.set_postfix_str(f"{set_name} c={c}" + ("" if measured else " warm"))
-                row = serve(group, prompts[: max(c, args.num_prompts)], c, args.max_new_tokens)
-                progress.update()
+            progress.set_postfix_str(f"{set_name} c={c}")
+            row, passes = serve_warm(group, prompts[: max(c, args.num_prompts)], c, args.max_new_tokens,
+                                     args.max_passes)
+            progress.update()
             row = {name: row[name] for name in names}
             base = row["NONE"]["outputs"]
             for name, r in row.items():
                 r["exact"] = sum(a == b for a, b in zip(r.pop("outputs"), base))
                 r["num_prompts"] = len(base)
             key = f"{set_name}/c={c}"
-            results["rows"][key] = {"results": row, "summary": summarize(row, fixed)}
+            results["rows"][key] = {"results": row, "summary": summarize(row, fixed), "passes": passes}
             progress.write(format_row(key, results["rows"][key]))
             save(results, args.out)  # a partial run keeps what it measured
     progress.close()
@@ -194,7 +232,9 @@ def format_row(key: str, row: dict) -> str:
         extra = (f" | adaptive/NONE {s['adaptive/NONE']:.2f} adaptive/{s['best_fixed']} {s['adaptive/best_fixed']:.2f}"
                  f" | k {a['mean_verify_len']:.2f} no-spec {a['no_spec_fraction']:.2f}")
     exact = min(v["exact"] for v in r.values())
-    return f"{key}: tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
+    compiled = sum(v.get("compiling_steps", 0) for v in r.values())
+    return (f"{key}: tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
+            f" | passes {row.get('passes', '?')}, compiling steps measured {compiled}")
 
 
 def format_table(results: dict) -> str:
@@ -254,6 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[2, 4, 8], help="fixed DFLASH blocks")
     parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")
+    parser.add_argument("--max-passes", type=int, default=4,
+                        help="serve a row until a pass compiles nothing (the measured pass), at most this often")
     parser.add_argument("--compilation-cache", type=Path, default=tools.CACHE_DIR / "jax_compilation_cache")
     parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
     args = parser.parse_args(argv)

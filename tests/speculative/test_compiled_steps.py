@@ -66,3 +66,32 @@ def test_hlo_check_reads_known_trip_counts():
     unknown = "  %while.2 = (s32[], f32[4]{0}) while(%tuple.3), condition=%c2, body=%b2"
     assert while_loops(known + "\n" + unknown) == [("while.1", True), ("while.2", False)]
     assert unbounded_while_loops(unknown) == ["while.2"]
+
+
+def test_a_new_prompt_length_compiles_nothing_once_its_buckets_ran(dflash_engine):
+    """Serving a prompt of a length not seen before, inside token and context buckets already
+    compiled, runs only compiled programs (prefill, the drafter's context and features included):
+    a compile in the middle of serving stalls every running request. The drafter's features used
+    to be sliced per sequence on the device, one small program per prompt length."""
+    import jax
+    import numpy as np
+
+    engine = dflash_engine(4)
+    rng = np.random.default_rng(3)
+    params = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
+    engine.generate(input_ids=[rng.integers(0, 16, 9).tolist(), rng.integers(0, 16, 10).tolist()],
+                    sampling_params=params)
+    traced: list[str] = []
+
+    def on_event(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(kwargs.get("fun_name", "?"))
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        for length in (11, 12, 13):
+            engine.generate(input_ids=[rng.integers(0, 16, length).tolist(), rng.integers(0, 16, length - 2).tolist()],
+                            sampling_params=params)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert traced == []

@@ -62,3 +62,31 @@ def test_summary_table_and_plot(tmp_path):
     assert "exact >= 3/4" in bc.format_row("mixed/c=1", results["rows"]["mixed/c=1"])
     png = bc.plot(results, tmp_path / "c.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_closed_loop_counts_the_steps_that_compiled(none_engine, spec_prompts, monkeypatch):
+    import jax
+    import jax.numpy as jnp
+
+    bc.serve({"NONE": none_engine}, spec_prompts, concurrency=2, max_new_tokens=5)  # shapes compiled
+    step, calls = none_engine.scheduler.step, []
+
+    def compiles_on_its_third_call():
+        calls.append(1)
+        if len(calls) == 3:
+            jax.jit(lambda x: x * 3.0)(jnp.ones(5))  # a program never compiled before
+        return step()
+
+    monkeypatch.setattr(none_engine.scheduler, "step", compiles_on_its_third_call)
+    result = bc.serve({"NONE": none_engine}, spec_prompts, concurrency=2, max_new_tokens=5)["NONE"]
+    assert len(calls) > 3 and result["compiling_steps"] == 1
+
+
+def test_serve_warm_measures_the_first_pass_without_compiles(monkeypatch):
+    compiling = iter([4, 2, 1, 0, 0])  # compiling steps per pass
+    monkeypatch.setattr(bc, "serve", lambda *a: {"NONE": {"compiling_steps": 0}, "adaptive": {"compiling_steps": next(compiling)}})
+    row, passes = bc.serve_warm({}, [], 1, 8, max_passes=6)
+    assert passes == 4 and row["adaptive"]["compiling_steps"] == 0
+    compiling = iter([4, 2, 1, 0])
+    row, passes = bc.serve_warm({}, [], 1, 8, max_passes=2)  # gives up: the last pass, as it is
+    assert passes == 2 and row["adaptive"]["compiling_steps"] == 2
