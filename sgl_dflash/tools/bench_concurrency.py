@@ -74,12 +74,18 @@ def prompt_sets(names: list[str], count: int, offset: int = 0) -> dict[str, list
 
 class ClosedLoop:
     """One engine serving `prompts` through its scheduler with `concurrency` requests in flight,
-    one scheduler step at a time; `seconds` counts only this engine's own steps."""
+    one scheduler step at a time; `seconds` counts only this engine's own steps.
+
+    `tokens_per_s` is measured over the steps that ran with all c requests in flight (prefills of
+    joining requests included), i.e. the throughput at concurrency c; `all_steps_tokens_per_s`
+    adds the pass's tail, where the last requests run with fewer beside them. The tail is not
+    the same for every engine: requests of equal length that start together (NONE, 1 token per
+    step) finish together and leave no tail, while speculation staggers them."""
 
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
         self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
-        self.compiling_steps = 0
+        self.compiling_steps, self.full_seconds, self.full_tokens = 0, 0.0, 0
         CompileCounter.install()
 
     @property
@@ -97,9 +103,14 @@ class ClosedLoop:
             self.order[req.rid] = len(self.order)
             self.scheduler.add_request(req)
             self.running.append(req)
+        full, before = len(self.running) == self.concurrency, sum(len(r.output_ids) for r in self.running)
         self.scheduler.step()
-        self.seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
         self.compiling_steps += CompileCounter.count > compiles
+        if full:  # c requests in flight: not the pass's tail, where the last requests run alone
+            self.full_seconds += seconds
+            self.full_tokens += sum(len(r.output_ids) for r in self.running) - before
         for req in [r for r in self.running if r.finished]:
             self.running.remove(req)
             self.done[self.order[req.rid]] = req
@@ -107,7 +118,8 @@ class ClosedLoop:
     def result(self) -> dict:
         reqs = [self.done[i] for i in range(len(self.done))]
         tokens = sum(len(r.output_ids) for r in reqs)
-        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": tokens / self.seconds,
+        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": self.full_tokens / max(self.full_seconds, 1e-9),
+                  "all_steps_tokens_per_s": tokens / self.seconds, "full_seconds": self.full_seconds,
                   "compiling_steps": self.compiling_steps, "outputs": [list(r.output_ids) for r in reqs]}
         if reqs and reqs[0].spec_verify_ct:
             steps = sum(r.spec_verify_ct for r in reqs)
@@ -175,7 +187,7 @@ def run(args) -> dict:
 
     engines = make_engines(args)
     tokenizer = engines["NONE"].tokenizer
-    count = max(args.num_prompts, *args.concurrency)
+    count = max(args.num_prompts, *(2 * c for c in args.concurrency))
     sets = {name: [chat_prompt_ids(tokenizer, p) for p in prompts]
             for name, prompts in prompt_sets(args.datasets, count).items()}
     names = list(engines)
@@ -189,7 +201,7 @@ def run(args) -> dict:
             turn = names[first:] + names[:first]  # rotate who steps first
             group = {name: engines[name] for name in turn}
             progress.set_postfix_str(f"{set_name} c={c}")
-            row, passes = serve_warm(group, prompts[: max(c, args.num_prompts)], c, args.max_new_tokens,
+            row, passes = serve_warm(group, prompts[: max(2 * c, args.num_prompts)], c, args.max_new_tokens,
                                      args.max_passes)
             progress.update()
             row = {name: row[name] for name in names}
@@ -290,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--datasets", nargs="+", default=list(SETS), choices=SETS)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--num-prompts", type=int, default=4,
-                        help="prompts per set and concurrency level c (at least c: every slot gets one)")
+                        help="prompts per set and concurrency level c (at least 2c: every slot serves two)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[2, 4, 8], help="fixed DFLASH blocks")
     parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")

@@ -36,7 +36,8 @@ def test_serve_keeps_concurrency_and_returns_the_engines_outputs(none_engine, df
     result = both["B=4"]
     assert result["outputs"] == both["NONE"]["outputs"] == expected  # in prompt order, as the engine's own
     assert result["tokens"] == sum(map(len, expected))
-    assert result["tokens_per_s"] == pytest.approx(result["tokens"] / result["seconds"])
+    assert result["all_steps_tokens_per_s"] == pytest.approx(result["tokens"] / result["seconds"])
+    assert 0 < result["full_seconds"] <= result["seconds"] and result["tokens_per_s"] > 0  # c in flight only
     assert 1.0 <= result["tokens_per_step"] <= 4.0 and result["mean_verify_len"] == pytest.approx(3.0)
     assert result["no_spec_fraction"] == 0.0 and 0.0 <= result["accept_rate"] <= 1.0
 
