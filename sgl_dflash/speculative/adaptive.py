@@ -24,7 +24,9 @@ confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: t
 block in one forward, and a shorter block is a cheaper forward), with that block's measured draft
 cost: the block with the most tokens per second wins, and a step whose drafts would not pay runs
 no drafter at all. A request left undrafted for `probe_every` steps is drafted anyway (at the
-smallest block), so its estimate can recover. Every `explore_every`-th step, compiled shapes and
+smallest block), so its estimate can recover; a step that would draft runs plain when the plain
+step's cost was last measured `refresh_every` steps ago, so that a stale reading cannot keep it
+drafting. Every `explore_every`-th step, compiled shapes and
 draft blocks never measured look cheaper than predicted (`explore_discount`), so a choice that may
 be better gets measured once instead of being ruled out by a guess; a program never compiled
 carries a share of its compile time instead.
@@ -158,7 +160,8 @@ class AdaptivePolicy:
 
     def __init__(self, num_drafts: int, probe_every: int = 16, learning_rate: float = 0.25,
                  estimate_decay: float = 0.5, cost_model: CostModel | None = None,
-                 explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64):
+                 explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
+                 refresh_every: int = 32):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
@@ -170,6 +173,10 @@ class AdaptivePolicy:
         # A shape never run costs a compile, spread over the steps to come (at least this many;
         # a server that has run N steps is taken to run N more).
         self.compile_horizon = compile_horizon
+        # The plain step's cost is only measured by plain steps: while drafting pays it is not,
+        # and a reading inflated by a burst of load would keep the policy drafting. A step that
+        # would draft runs plain instead when the plain shape's cost is this many steps old.
+        self.refresh_every = refresh_every
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         self.requests: dict[int, RequestState] = {}
@@ -208,6 +215,8 @@ class AdaptivePolicy:
             k, rate = best_lengths(gains[:, : b - 1], lambda q: draft_cost + self.step_cost(q))
             if k.any() and rate > best_rate:
                 best_rate, best_k, block = rate, k, b
+        if block and self._plain_cost_is_stale(n):
+            return DraftPlan(np.zeros(n, bool), 0)
         chosen = best_k > 0
         probes = np.array([s.idle + 1 >= self.probe_every for s in states])
         if probes.any() and not block:
@@ -219,6 +228,14 @@ class AdaptivePolicy:
             rest = [i for i in np.argsort(-gains[:, 0], kind="stable") if not chosen[i]]
             chosen[rest[:room]] = True
         return DraftPlan(chosen, block if chosen.any() else 0)
+
+    def _plain_cost_is_stale(self, n: int) -> bool:
+        """The plain step of n requests is compiled and its cost not measured in `refresh_every`
+        steps (a plain step that would compile is never forced: a compile stalls for seconds)."""
+        shape = step_shape(np.ones(n, np.int64))
+        age = self.cost.age(shape)
+        return (self.refresh_every > 0 and shape in self.cost.compiled_verify
+                and (age is None or age >= self.refresh_every))
 
     def choose(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray,
                confidence: np.ndarray | None, draft_seconds: float, block: int | None = None) -> np.ndarray:

@@ -50,6 +50,7 @@ class CostModel:
         self.compile_s = 1.0
         self._compiles = 0
         self._steps = 0
+        self._measured_at: dict[tuple[int, int, int], int] = {}  # verify shape -> step of its last measurement
         self._line: tuple[float, float] | None = None  # (a, b) of the fit; None = refit
 
     # -- measurements ---------------------------------------------------------------------
@@ -63,6 +64,7 @@ class CostModel:
         """One step: its verify shape and seconds, the drafter's batch (0: no draft), block and
         seconds, and the rest of the worker's step."""
         self._update(self.verify_s, "verify", shape, verify_s)
+        self._measured_at[shape] = self._steps
         self._line = None
         self.compiled_verify.add(shape)
         if draft_batch:
@@ -79,6 +81,10 @@ class CostModel:
             self.compiled_draft.add((bucket(draft_batch), draft_block))
         self.compile_s = seconds if not self._compiles else (1 - self.decay) * self.compile_s + self.decay * seconds
         self._compiles += 1
+
+    def age(self, shape: tuple[int, int, int]) -> int | None:
+        """Measured steps since this verify shape was last measured (None: never)."""
+        return None if shape not in self._measured_at else self._steps - self._measured_at[shape]
 
     # -- predictions ----------------------------------------------------------------------
     def verify(self, shape: tuple[int, int, int]) -> float:

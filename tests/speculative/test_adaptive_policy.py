@@ -107,7 +107,7 @@ def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests(
 def test_plan_chooses_the_draft_block_by_its_cost():
     """Drafts past the first rarely pass: the cheap block of 2 wins over the drafter's 8, unless
     the block of 8 costs no more to draft and verify."""
-    policy = AdaptivePolicy(num_drafts=7, explore_every=0)
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, refresh_every=0)  # (refresh: its own test)
     slots = [0, 1, 2, 3]
     for slot in slots:
         policy.add(slot)
@@ -176,3 +176,29 @@ def test_request_bias_follows_its_outcomes():
     assert policy.alphas([7], np.array([GREEDY]), conf)[0, 0] > before
     policy.add(8)  # a new request starts from the (shared) calibration, without the bias
     assert policy.requests[8].bias == 0.0
+
+
+def test_a_stale_plain_cost_is_measured_again():
+    """Drafting stops the plain step's cost from being measured: a reading inflated by a burst
+    of load would keep the policy drafting. Every `refresh_every` steps a step that would draft
+    runs plain; measured cheap, the policy stops drafting."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4)
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = [0.5] + [0.1] * 6
+    policy.cost.observe((4, 4, 1), 0.3, 0, 0.0, 0.0)  # a plain step during a burst
+    plans = []
+    for _ in range(4):
+        plan = policy.plan_drafts(slots)
+        plans.append(plan.block)
+        if plan.block:  # drafting 2 tokens: 8 rows at 0.2 s
+            policy.cost.observe((4, 8, 2), 0.2, 4, 0.01, 0.0, draft_block=plan.block)
+    assert plans == [2, 2, 2, 0]  # the 4th step would draft, but the plain cost is 4 steps old
+    for _ in range(5):  # measured again: 0.1 s, the burst is over
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    assert policy.plan_drafts(slots).block == 0
+    policy.cost.compiled_verify.discard((4, 4, 1))
+    policy.cost._measured_at.clear()
+    policy.cost.verify_s[(4, 4, 1)] = 0.3
+    assert policy.plan_drafts(slots).block == 2  # never compiled: no plain step is forced
