@@ -25,27 +25,57 @@ class ContextLengthError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class AuxRows:
+    """Per-sequence rows of a step's aux layers: `features[i]` np.float32 [q_len, n_aux * H], the
+    drafter's context features (`hidden_state_features`), and `raw[i]` the aux layers' outputs as
+    they are (concatenated in `aux_layer_ids` order). Sliced on the host, since a device slice
+    compiles once per q_len (once per new prompt length, in the middle of serving); `raw` is copied
+    only when read (tests compare it with transformers; serving needs only the features)."""
+
+    features: list[np.ndarray] | tuple = ()
+    padded: jax.Array | None = None  # the step's aux [T, n_aux * H], on the device
+    spans: tuple[slice, ...] = ()
+
+    @property
+    def raw(self) -> list[np.ndarray] | tuple:
+        if self.padded is None:
+            return ()
+        host = np.asarray(self.padded)
+        return [host[span] for span in self.spans]
+
+
+@dataclasses.dataclass(frozen=True)
 class ForwardOutput:
-    """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i.
-    `aux_hidden[i]`: np.float32 [q_len, n_aux * H] (outputs of the aux layers, concatenated in
-    `aux_layer_ids` order) and `features[i]` the same rows as the drafter's context features
-    (`hidden_state_features`); empty tuples when the runner has no aux layers. Both are host
-    arrays: sliced per sequence on the host, since a device slice compiles once per q_len (i.e.
-    once per new prompt length, in the middle of serving)."""
+    """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i; `aux_hidden`
+    and `features` as `AuxRows.raw` / `AuxRows.features` (empty when the runner has no aux layers)."""
 
     logits: list[np.ndarray]
-    aux_hidden: list[np.ndarray] | tuple
-    features: list[np.ndarray] | tuple = ()
+    aux: AuxRows = AuxRows()
+
+    @property
+    def aux_hidden(self) -> list[np.ndarray] | tuple:
+        return self.aux.raw
+
+    @property
+    def features(self) -> list[np.ndarray] | tuple:
+        return self.aux.features
 
 
 @dataclasses.dataclass(frozen=True)
 class SampleOutput:
     """`tokens`: np.int32 [n], one sampled token per sequence (from its last position);
-    `aux_hidden` as in `ForwardOutput`."""
+    `aux_hidden` and `features` as in `ForwardOutput`."""
 
     tokens: np.ndarray
-    aux_hidden: list[np.ndarray] | tuple
-    features: list[np.ndarray] | tuple = ()
+    aux: AuxRows = AuxRows()
+
+    @property
+    def aux_hidden(self) -> list[np.ndarray] | tuple:
+        return self.aux.raw
+
+    @property
+    def features(self) -> list[np.ndarray] | tuple:
+        return self.aux.features
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +203,7 @@ class TargetRunner:
         per_seq_logits = [
             logits[start : start + n] for start, n in zip(layout.logit_starts, layout.num_logits)
         ]
-        return ForwardOutput(per_seq_logits, *self._aux_rows(aux, layout))
+        return ForwardOutput(per_seq_logits, self._aux_rows(aux, layout))
 
     def sample(
         self,
@@ -196,7 +226,7 @@ class TargetRunner:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
         tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
-        return SampleOutput(np.asarray(tokens)[: len(seqs)], *self._aux_rows(aux, layout))
+        return SampleOutput(np.asarray(tokens)[: len(seqs)], self._aux_rows(aux, layout))
 
     def verify(
         self,
@@ -288,14 +318,14 @@ class TargetRunner:
         """{"weights" | "kv": {device: bytes}}: what each device holds of the target."""
         return {"weights": sharding.bytes_per_device(self.params), "kv": sharding.bytes_per_device(self.kv_pool)}
 
-    def _aux_rows(self, aux: jax.Array, layout) -> tuple[list[np.ndarray] | tuple, list[np.ndarray] | tuple]:
-        """(raw aux rows, drafter features) per sequence, on the host: the padded batch's rows
-        are normed in one program per token bucket and copied once."""
+    def _aux_rows(self, aux: jax.Array, layout) -> AuxRows:
+        """The drafter features per sequence, on the host: the padded batch's rows are normed in
+        one program per token bucket and copied once."""
         if not self.aux_layer_ids:
-            return (), ()
-        raw, features = np.asarray(aux), np.asarray(self.hidden_state_features(aux))
-        spans = [slice(start, start + q) for start, q in zip(layout.token_starts, layout.q_lens)]
-        return [raw[s] for s in spans], [features[s] for s in spans]
+            return AuxRows()
+        features = np.asarray(self.hidden_state_features(aux))
+        spans = tuple(slice(start, start + q) for start, q in zip(layout.token_starts, layout.q_lens))
+        return AuxRows([features[span] for span in spans], aux, spans)
 
     def _batch(self, seqs: Sequence[SeqInput]):
         if len(seqs) > self.max_num_seqs:
