@@ -277,7 +277,7 @@ class TargetRunner:
             raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
         accepted, bonus, features, self.kv_pool = fn(
-            self._step_params, self.kv_pool, batch, *jax.device_put((block_rows, token_rows, drafts, num_drafts)),
+            self._step_params, self.kv_pool, batch, block_rows, token_rows, drafts, num_drafts,
             *arrays, draft_probs, key,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)

@@ -75,6 +75,29 @@ def _dflash_greedy(draft, logits):
     return accepted, posterior[np.arange(len(draft)), accepted]
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_argmax_is_jnp_argmax(dtype):
+    """The two-reduction argmax equals jnp.argmax everywhere it could differ: ties (first
+    index), a row of equal values, -inf and +inf, NaN (jnp.argmax gives the first NaN), -0.0 vs
+    0.0, and rows of several vocabulary sizes and batch shapes."""
+    rng = np.random.default_rng(11)
+    logits = rng.integers(-3, 4, (9, 1000)).astype(np.float32)  # many ties
+    logits[1] = 2.0
+    logits[2] = -np.inf
+    logits[3, 500] = np.inf
+    logits[4, [10, 700]] = np.nan
+    logits[5] = 0.0
+    logits[5, 3] = -0.0
+    logits[6, 999] = 100.0
+    logits[7] = rng.standard_normal(1000)
+    logits[8, :] = -1.0
+    logits[8, 0] = np.nan
+    for array in (logits, logits.reshape(3, 3, 1000), rng.standard_normal((2, 49152)).astype(np.float32)):
+        array = jnp.asarray(array, dtype)
+        np.testing.assert_array_equal(jax.jit(sampling.argmax)(array), jnp.argmax(array, axis=-1))
+        assert jax.jit(sampling.argmax)(array).dtype == jnp.int32
+
+
 def test_greedy_accept_exact():
     rng = np.random.default_rng(3)
     n, block, vocab = 6, 5, 16
