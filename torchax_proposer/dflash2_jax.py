@@ -32,7 +32,7 @@ def draft_path(
     lm_head: jax.Array,
     k_cache: Cache,
     v_cache: Cache,
-    features: tuple[jax.Array, ...],
+    pending: jax.Array,
     new_lens: jax.Array,
     cache_lens: jax.Array,
     slots: jax.Array,
@@ -47,7 +47,7 @@ def draft_path(
     and a PRNG key. Returns (drafts [n, B-1] int32, candidates [n, B-1, K] int32, q [n, B-1, K]
     float32 or None when temperatures is None, k_cache, v_cache)."""
     hidden, k_cache, v_cache = draft_hidden(
-        model, block_size, params, embed, k_cache, v_cache, features, new_lens, cache_lens, slots, bonus_tokens,
+        model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
         read_len=read_len,
     )
     path, candidates, probs = select_path(

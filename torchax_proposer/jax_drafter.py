@@ -78,6 +78,27 @@ def extend_cache(
     return k_cache, v_cache
 
 
+def flush_pending(
+    model: DFlashDraftModel,
+    params: Params,
+    k_cache: Cache,
+    v_cache: Cache,
+    pending: jax.Array,
+    new_lens: jax.Array,
+    cache_lens: jax.Array,
+    slots: jax.Array,
+) -> tuple[Cache, Cache]:
+    """`extend_cache` with the rows of the pending pool [max_num_seqs, P, n_aux*H] of `slots`."""
+    return extend_cache(model, params, k_cache, v_cache, pending[slots], new_lens, cache_lens, slots)
+
+
+def write_pending(pending: jax.Array, features: jax.Array, slots: jax.Array, offsets: jax.Array) -> jax.Array:
+    """pending[slots[i], offsets[i] + j] = features[i, j] (rows past the pool's P are dropped:
+    a padding sequence's offset is P). Rows past a sequence's real count are never read."""
+    rows = offsets[:, None] + jnp.arange(features.shape[1])[None, :]
+    return pending.at[slots[:, None], rows].set(features.astype(pending.dtype), mode="drop")
+
+
 def draft_block(
     model: DFlashDraftModel,
     block_size: int,
@@ -86,7 +107,7 @@ def draft_block(
     lm_head: jax.Array,
     k_cache: Cache,
     v_cache: Cache,
-    features: tuple[jax.Array, ...],
+    pending: jax.Array,
     new_lens: jax.Array,
     cache_lens: jax.Array,
     slots: jax.Array,
@@ -94,28 +115,43 @@ def draft_block(
     token_map: jax.Array | None = None,
     *,
     read_len: int,
-) -> tuple[jax.Array, jax.Array, Cache, Cache]:
+) -> tuple[jax.Array, jax.Array, jax.Array, Cache, Cache]:
     """One draft for a batch, appending each sequence's pending context rows on the way.
 
-    features[i] [C, n_aux*H]: pending context rows of sequence i (first new_lens[i] real);
+    pending [max_num_seqs, C, n_aux*H]: the pending pool; pending[slots[i]] holds the context rows
+    of sequence i not yet in its cache (first new_lens[i] real);
     cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens + new_lens).
     The block [bonus, MASK x (B-1)] sits at positions L .. L+B-1, L = cache_len + new_len.
-    Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] float32, k_cache, v_cache); the
-    logits are needed for the argmax anyway, so returning them costs no extra program.
+    Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] float32, confidence [n, B-1]: each
+    draft's probability under the drafter's softmax, k_cache, v_cache); the logits are needed
+    for the argmax anyway, so returning them costs no extra program.
     With `token_map` [K], `lm_head` holds only those K rows: drafts are mapped back to token ids
     and the logits are over the map ([n, B-1, K]).
     """
     hidden, k_cache, v_cache = draft_hidden(
-        model, block_size, params, embed, k_cache, v_cache, features, new_lens, cache_lens, slots, bonus_tokens,
+        model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
         read_len=read_len,
     )
     with torchax.default_env():
         logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(hidden.dtype)))
     logits = jax_view(logits).astype(jnp.float32)
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tokens, confidence = greedy_drafts(logits)
     if token_map is not None:
         tokens = token_map[tokens]
-    return tokens, logits, k_cache, v_cache
+    return tokens, logits, confidence, k_cache, v_cache
+
+
+def greedy_drafts(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(argmax int32, its softmax probability) over the last axis. The argmax is jnp.argmax's
+    (the first maximum; the first NaN of a row with one), computed as a max reduction and a min
+    over the positions holding it: XLA:CPU's variadic-reduce argmax is ~4x slower. The
+    probability of the maximum is 1 / sum(exp(logits - max)), from the same max."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    nan = jnp.isnan(logits)
+    is_top = jnp.where(jnp.any(nan, axis=-1, keepdims=True), nan, logits == top)
+    positions = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    tokens = jnp.min(jnp.where(is_top, positions, logits.shape[-1] - 1), axis=-1)
+    return tokens, 1.0 / jnp.sum(jnp.exp(logits - top), axis=-1)
 
 
 def draft_hidden(
@@ -125,7 +161,7 @@ def draft_hidden(
     embed: jax.Array,
     k_cache: Cache,
     v_cache: Cache,
-    features: tuple[jax.Array, ...],
+    pending: jax.Array,
     new_lens: jax.Array,
     cache_lens: jax.Array,
     slots: jax.Array,
@@ -143,7 +179,7 @@ def draft_hidden(
     call to protect the read from the in-place write: ~0.5 s at the default context of 8192.
     """
     dtype = k_cache[0].dtype
-    features = jnp.stack(features).astype(dtype)
+    features = pending[slots].astype(dtype)
     k_cache, v_cache = extend_cache(model, params, k_cache, v_cache, features, new_lens, cache_lens, slots)
 
     batch = features.shape[0]

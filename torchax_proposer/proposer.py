@@ -2,9 +2,11 @@
 
 State of a sequence with committed length L (tokens whose target K/V is final):
   - its cache slot holds context K/V of positions 0 .. cache_len-1,
-  - `pending` holds the target features of positions cache_len .. L-1 (at most one block's worth),
-    projected and appended by the next `propose` inside the same jitted call.
-So cache_len + pending == L at all times: the drafter never holds anything of an unverified draft.
+  - its row of the pending pool holds the target features of positions cache_len .. L-1 (at most
+    one bucket's worth), projected and appended by the next `propose` inside the same jitted call.
+So cache_len + num_pending == L at all times: the drafter never holds anything of an unverified draft.
+The pending rows of all sequences live in one device array [max_num_seqs, bucket, n_aux*H] indexed
+by cache slot, so that a commit is one donated scatter and a draft one gather, whatever the batch.
 
 Protocol per decode step:  propose(ids, bonus) -> drafts;  target verifies;  commit(ids, a, aux).
 A DFlash 2 drafter (torchax_proposer/dflash2.py) drafts its selector's path: `propose` gives the
@@ -33,8 +35,7 @@ from .loader import load_draft_model, torch_dtype
 class _SeqState:
     slot: int
     cache_len: int
-    pending: jax.Array | None = None  # [pending_bucket, n_aux*H], first `num_pending` rows real
-    num_pending: int = 0
+    num_pending: int = 0  # rows of its slot's pending pool row that are real
 
     @property
     def committed_len(self) -> int:
@@ -98,13 +99,13 @@ class DFlashProposer:
 
         # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.
         self.pending_bucket = next_power_of_two(self.block_size)
-        self._no_rows = jnp.zeros((self.pending_bucket, self.num_features), self.dtype)
+        self.pending = jnp.zeros((max_num_seqs, self.pending_bucket, self.num_features), self.dtype)
         # A tensor-parallel target's embed / lm_head live on a device mesh (used as they are); the
         # small drafter's arrays are replicated over it: one fixed placement, no per-call transfers.
         replicated = replicated_over(target_embed)
         if replicated is not None:
-            self.params, self.k_cache, self.v_cache, self._no_rows, self.token_map = jax.device_put(
-                (self.params, self.k_cache, self.v_cache, self._no_rows, self.token_map), replicated
+            self.params, self.k_cache, self.v_cache, self.pending, self.token_map = jax.device_put(
+                (self.params, self.k_cache, self.v_cache, self.pending, self.token_map), replicated
             )
             if self.token_map is not None:  # the mapped lm_head is a new, small array
                 self.lm_head = jax.device_put(self.lm_head, replicated)
@@ -197,13 +198,13 @@ class DFlashProposer:
                 return empty
             return empty, np.zeros(empty.shape + ((self.config.vocab_size,) if return_logits else ()), np.float32)
         states, inputs, read_len = batch
-        tokens, logits, self.k_cache, self.v_cache = jit.draft(
+        tokens, logits, confidence, self.k_cache, self.v_cache = jit.draft(
             self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
             read_len=read_len,
         )
         self._drafted(states)
         if return_confidence:
-            return np.asarray(tokens)[: len(states)], np.asarray(self._jit.max_prob(logits))[: len(states)]
+            return np.asarray(tokens)[: len(states)], np.asarray(confidence)[: len(states)]
         tokens = np.asarray(tokens)[: len(states)]
         if not return_logits:
             return tokens
@@ -271,18 +272,17 @@ class DFlashProposer:
                     f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
                     f"max_context_len={self.max_context_len}"
                 )
-        for state, count, rows in zip(states, counts, aux_features):
-            if state.num_pending:  # two commits without a propose between: flush the older rows
-                self._extend(state, state.pending[None], state.num_pending)
-            rows = rows if isinstance(rows, jax.Array) else jax.device_put(as_numpy(rows))
-            state.pending = self._jit.pad_rows(rows, num_rows=self.pending_bucket, dtype=self.dtype)
-            state.num_pending = count + 1
+        self._flush([s for s in states if s.num_pending])  # two commits without a propose between
+        padded = np.zeros((len(states), self.pending_bucket, self.num_features), np.float32)
+        for i, rows in enumerate(aux_features):
+            padded[i, : len(rows)] = as_numpy(rows)
+        self._write_pending(states, counts, jax.device_put(padded))
 
     def commit_block(self, seq_ids: Sequence[Any], accepted_counts: Any, features: jax.Array) -> None:
         """`commit` for a whole verify batch at once: features [S >= n, B, n_aux*H] holds the
         target's features of every block row (`TargetRunner.verify`); sequence i commits rows
-        0 .. accepted_counts[i]. The rows stay on the device: one split, no per-sequence slicing."""
-        counts = [int(a) for a in np.asarray(accepted_counts).reshape(-1)]
+        0 .. accepted_counts[i]. The rows stay on the device: one scatter into the pending pool."""
+        counts = np.asarray(accepted_counts).reshape(-1).astype(np.int64)
         states = [self._state(s) for s in seq_ids]
         if len(counts) != len(states) or features.ndim != 3 or features.shape[0] < len(states):
             raise DrafterStateError(
@@ -292,32 +292,34 @@ class DFlashProposer:
             raise DrafterStateError(
                 f"features {tuple(features.shape)}: expected [n, <= {self.pending_bucket}, {self.num_features}]"
             )
-        for seq_id, state, count in zip(seq_ids, states, counts):
-            if not 0 <= count <= min(self.block_size, features.shape[1]) - 1:
-                raise DrafterStateError(f"sequence {seq_id!r}: accepted count {count} outside the block")
-            if state.committed_len + count + 1 > self.max_context_len:
-                raise DrafterStateError(
-                    f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
-                    f"max_context_len={self.max_context_len}"
-                )
+        lengths = np.array([s.committed_len for s in states], np.int64) + counts + 1
+        for i in np.flatnonzero((counts < 0) | (counts > min(self.block_size, features.shape[1]) - 1)):
+            raise DrafterStateError(f"sequence {seq_ids[i]!r}: accepted count {counts[i]} outside the block")
+        for i in np.flatnonzero(lengths > self.max_context_len):
+            raise DrafterStateError(
+                f"sequence {seq_ids[i]!r}: committed length {lengths[i]} exceeds max_context_len={self.max_context_len}"
+            )
+        counts = counts.tolist()
         # A sequence not drafted since its last commit (an adaptive plain step) still has pending
         # rows: append to them while they fit the bucket, else flush them first (one batched call).
         self._flush([s for s, c in zip(states, counts) if s.num_pending and s.num_pending + c + 1 > self.pending_bucket])
-        if not any(s.num_pending for s in states):
-            rows = self._jit.split_rows(features, num_rows=self.pending_bucket, dtype=self.dtype)
-        else:
-            pad = features.shape[0] - len(states)
-            pending = tuple(s.pending if s.pending is not None else self._no_rows for s in states) + (self._no_rows,) * pad
-            offsets = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-            rows = self._jit.append_rows(pending, features, jax.device_put(offsets))
-        for state, count, pending in zip(states, counts, rows):
-            state.pending, state.num_pending = pending, state.num_pending + count + 1
+        self._write_pending(states, counts, features)
 
     # ---- internals ----------------------------------------------------------------------------
 
+    def _write_pending(self, states: list[_SeqState], counts: list[int], features: jax.Array) -> None:
+        """Appends rows 0 .. counts[i] of features[i] [S >= n, Q, n_aux*H] to sequence i's pending
+        rows: one donated scatter into the pool (rows of padding sequences are dropped)."""
+        pad = features.shape[0] - len(states)
+        slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
+        offsets = np.array([s.num_pending for s in states] + [self.pending_bucket] * pad, np.int32)
+        self.pending = self._jit.write_pending(self.pending, features, slots, offsets)
+        for state, count in zip(states, counts):
+            state.num_pending += count + 1
+
     def _draft_batch(self, seq_ids: Sequence[Any], bonus_tokens: Any) -> tuple[list[_SeqState], tuple, int] | None:
         """Checks a propose call and pads it to a power-of-two batch: (states, the draft step's
-        inputs from `features` to `bonus_tokens`, read_len), or None for an empty batch."""
+        inputs from `pending` to `bonus_tokens`, read_len), or None for an empty batch."""
         states = [self._state(s) for s in seq_ids]
         if len(set(seq_ids)) != len(seq_ids):
             raise DrafterStateError(f"duplicate sequence ids in propose: {list(seq_ids)}")
@@ -335,13 +337,11 @@ class DFlashProposer:
         slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
         cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-        features = tuple(s.pending if s.pending is not None else self._no_rows for s in states)
-        features += (self._no_rows,) * pad
         # The window covers the committed context (cached + pending rows, written first).
         longest = int((cache_lens + new_lens).max())
         read_len = min(self.max_context_len, max(self.min_read_len, next_power_of_two(longest)))
         inputs = (
-            features,
+            self.pending,
             *jax.device_put([new_lens, cache_lens, slots]),
             jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
         )
@@ -351,7 +351,7 @@ class DFlashProposer:
     def _drafted(states: list[_SeqState]) -> None:
         """After a draft step: each sequence's pending rows are in its cache now."""
         for state in states:
-            state.cache_len, state.pending, state.num_pending = state.committed_len, None, 0
+            state.cache_len, state.num_pending = state.committed_len, 0
 
     def _state(self, seq_id: Any) -> _SeqState:
         if seq_id not in self._seqs:
@@ -375,13 +375,12 @@ class DFlashProposer:
         if not states:
             return
         pad = next_power_of_two(len(states)) - len(states)
-        features = self._jit.stack(tuple(s.pending for s in states) + (self._no_rows,) * pad)
         lens = [np.array([getattr(s, k) for s in states] + [0] * pad, np.int32) for k in ("num_pending", "cache_len", "slot")]
-        self.k_cache, self.v_cache = self._jit.extend(self.params, self.k_cache, self.v_cache, features,
-                                                      *jax.device_put(lens))
+        self.k_cache, self.v_cache = self._jit.flush(self.params, self.k_cache, self.v_cache, self.pending,
+                                                     *jax.device_put(lens))
         for state in states:
             state.cache_len += state.num_pending
-            state.pending, state.num_pending = None, 0
+            state.num_pending = 0
 
     def _extend(self, state: _SeqState, padded_rows: jax.Array, num_rows: int) -> None:
         """Appends padded_rows [1, bucket, n_aux*H] (first num_rows real) to the sequence's cache."""
@@ -393,5 +392,4 @@ class DFlashProposer:
             *jax.device_put([np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)]),
         )
         state.cache_len += num_rows
-        state.pending, state.num_pending = None, 0
 

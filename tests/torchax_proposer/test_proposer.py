@@ -209,9 +209,11 @@ def test_double_commit(dirs, target_head):
 def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head):
     """The adaptive worker's plain steps: commit_block without a propose between appends to the
     pending rows (flushed to the cache when the bucket is full); the state equals a fresh
-    proposer's, and the confidences are the drafts' softmax probabilities."""
+    proposer's, and the confidences are the drafts' softmax probabilities. The verify batch is
+    padded (4 rows for 2 sequences, as the runner pads it) and the two sequences hold every slot:
+    a padding row written anywhere would show."""
     rng = np.random.default_rng(6)
-    proposer = make_proposer(dirs, target_head)
+    proposer = make_proposer(dirs, target_head, max_num_seqs=2)
     history = {"a": [rows(rng, 5)], "b": [rows(rng, 9)]}
     for seq, prompt in history.items():
         proposer.add(seq, prompt[0])
@@ -221,7 +223,7 @@ def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head):
     for drafted, accepted in steps:
         if drafted:
             proposer.propose(sorted(drafted), [3] * len(drafted))
-        block = jax.device_put(rng.standard_normal((2, BLOCK, FEATURES), dtype=np.float32))
+        block = jax.device_put(rng.standard_normal((4, BLOCK, FEATURES), dtype=np.float32))
         proposer.commit_block(["a", "b"], accepted, block)
         for i, seq in enumerate(("a", "b")):
             history[seq].append(block[i, : accepted[i] + 1])
@@ -336,3 +338,24 @@ def test_torch_drafter_state_errors(dirs, target_head):
     with pytest.raises(DrafterStateError, match="accepted count 8 outside"):
         eager.commit(["s"], [BLOCK], [torch.zeros(BLOCK + 1, FEATURES)])
     assert eager.committed_len("s") == 3  # failed commits changed nothing
+
+
+def test_greedy_drafts_are_the_argmax_and_its_probability():
+    """The drafter's two-reduction argmax equals jnp.argmax (first maximum on ties, first NaN of a
+    row with one, -inf / +inf rows) and its confidence is the softmax's probability of it."""
+    import jax.numpy as jnp
+
+    from torchax_proposer.jax_drafter import greedy_drafts
+
+    rng = np.random.default_rng(5)
+    logits = rng.integers(-3, 4, (2, 6, 300)).astype(np.float32)  # many ties
+    logits[0, 1] = -np.inf
+    logits[0, 1, 7] = 0.0
+    logits[0, 2, 150] = np.inf
+    logits[0, 3, [40, 9]] = np.nan
+    logits[1] = rng.standard_normal((6, 300)) * 4
+    tokens, confidence = jax.jit(greedy_drafts)(jnp.asarray(logits))
+    np.testing.assert_array_equal(tokens, jnp.argmax(logits, axis=-1))
+    finite = np.isfinite(logits).all(-1)
+    expected = np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1)).max(-1)
+    np.testing.assert_allclose(np.asarray(confidence)[finite], expected[finite], rtol=1e-6)
