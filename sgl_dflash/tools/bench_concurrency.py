@@ -16,7 +16,8 @@ needs (prompt-length, batch and context buckets; JAX compiles on first use, seco
 CPU), and one compile in a measured pass would outweigh the differences it measures. The adaptive
 engine's finishing order, hence its prefill batches, can change while its policy learns, so it may
 need a third pass where the others are warm after one. A row that never got a compile-free pass
-says how many steps compiled in its measured pass.
+says which engines' steps compiled in its measured pass and for how long; tokens/s leaves those
+steps out (a compile is once per shape in a server's life) and `full_tokens_per_s` keeps them.
 
 Writes <out>/concurrency.json (tokens/s, ratios to NONE and to the best fixed block, outputs equal to
 NONE's, chosen verify lengths) and <out>/concurrency.png (tokens/s per concurrency, one panel per set).
@@ -77,15 +78,19 @@ class ClosedLoop:
     one scheduler step at a time; `seconds` counts only this engine's own steps.
 
     `tokens_per_s` is measured over the steps that ran with all c requests in flight (prefills of
-    joining requests included), i.e. the throughput at concurrency c; `all_steps_tokens_per_s`
-    adds the pass's tail, where the last requests run with fewer beside them. The tail is not
-    the same for every engine: requests of equal length that start together (NONE, 1 token per
-    step) finish together and leave no tail, while speculation staggers them."""
+    joining requests included) and compiled nothing, i.e. a warm server's throughput at
+    concurrency c; `full_tokens_per_s` keeps the steps that compiled (`compile_seconds` is their
+    time) and `all_steps_tokens_per_s` adds the pass's tail, where the last requests run with
+    fewer beside them. The tail is not the same for every engine: requests of equal length that
+    start together (NONE, 1 token per step) finish together and leave no tail, while speculation
+    staggers them. A compile is once per shape in a server's life, but its seconds in a measured
+    pass outweigh what the pass measures: adaptive's policy compiles a shape it explores."""
 
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
         self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
-        self.compiling_steps, self.full_seconds, self.full_tokens = 0, 0.0, 0
+        self.compiling_steps, self.compile_seconds, self.full_seconds, self.full_tokens = 0, 0.0, 0.0, 0
+        self.warm_seconds, self.warm_tokens = 0.0, 0
         CompileCounter.install()
 
     @property
@@ -107,10 +112,16 @@ class ClosedLoop:
         self.scheduler.step()
         seconds = time.perf_counter() - start
         self.seconds += seconds
-        self.compiling_steps += CompileCounter.count > compiles
+        compiled = CompileCounter.count > compiles
+        self.compiling_steps += compiled
+        self.compile_seconds += seconds if compiled else 0.0
         if full:  # c requests in flight: not the pass's tail, where the last requests run alone
+            tokens = sum(len(r.output_ids) for r in self.running) - before
             self.full_seconds += seconds
-            self.full_tokens += sum(len(r.output_ids) for r in self.running) - before
+            self.full_tokens += tokens
+            if not compiled:
+                self.warm_seconds += seconds
+                self.warm_tokens += tokens
         for req in [r for r in self.running if r.finished]:
             self.running.remove(req)
             self.done[self.order[req.rid]] = req
@@ -118,9 +129,11 @@ class ClosedLoop:
     def result(self) -> dict:
         reqs = [self.done[i] for i in range(len(self.done))]
         tokens = sum(len(r.output_ids) for r in reqs)
-        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": self.full_tokens / max(self.full_seconds, 1e-9),
+        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": self.warm_tokens / max(self.warm_seconds, 1e-9),
+                  "full_tokens_per_s": self.full_tokens / max(self.full_seconds, 1e-9),
                   "all_steps_tokens_per_s": tokens / self.seconds, "full_seconds": self.full_seconds,
-                  "compiling_steps": self.compiling_steps, "outputs": [list(r.output_ids) for r in reqs]}
+                  "compiling_steps": self.compiling_steps, "compile_seconds": self.compile_seconds,
+                  "outputs": [list(r.output_ids) for r in reqs]}
         if reqs and reqs[0].spec_verify_ct:
             steps = sum(r.spec_verify_ct for r in reqs)
             drafts = sum(r.spec_num_proposed_drafts for r in reqs)
@@ -244,9 +257,10 @@ def format_row(key: str, row: dict) -> str:
         extra = (f" | adaptive/NONE {s['adaptive/NONE']:.2f} adaptive/{s['best_fixed']} {s['adaptive/best_fixed']:.2f}"
                  f" | k {a['mean_verify_len']:.2f} no-spec {a['no_spec_fraction']:.2f}")
     exact = min(v["exact"] for v in r.values())
-    compiled = sum(v.get("compiling_steps", 0) for v in r.values())
+    compiled = ", ".join(f"{name} {v['compiling_steps']} ({v.get('compile_seconds', 0.0):.1f} s)"
+                         for name, v in r.items() if v.get("compiling_steps"))
     return (f"{key}: tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
-            f" | passes {row.get('passes', '?')}, compiling steps measured {compiled}")
+            f" | passes {row.get('passes', '?')}, steps that compiled (left out of tok/s): {compiled or 'none'}")
 
 
 def format_table(results: dict) -> str:

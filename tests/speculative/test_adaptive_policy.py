@@ -149,17 +149,32 @@ def test_exploration_tries_an_unmeasured_shape():
 
 
 def test_a_shape_never_run_pays_for_its_compile():
-    """The same choice, but the block of 4 never ran: exploration does not compile (a compile
-    stalls a step for seconds), and its prediction carries a share of the measured compile time."""
+    """The same choice, but the block of 4 never ran: its prediction carries a share of the
+    measured compile time, and a young server does not explore it (a compile stalls a step)."""
     policy = exploring_policy(compile_s=30.0)
     policy.cost.compiled_verify.discard((4, 16, 4))
     policy.cost.compiled_draft.discard((4, 4))
     assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [8, 8, 8, 8]
     predicted = policy.cost.draft(4, 4)
+    policy.steps = 5  # not an exploring step
     assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 64)  # a young server: 64 steps
-    policy.steps = 640
-    assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 640)  # ran N steps: N more
+    policy.steps = 641
+    assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 641)  # ran N steps: N more
     assert policy.draft_cost(4, 8) == pytest.approx(policy.cost.draft(4, 8))  # compiled: no share
+
+
+def test_a_long_running_server_explores_a_shape_never_compiled():
+    """Else a shape ruled out by the line's guess is never measured. Once the compile's share is
+    small (a server that ran many steps), an exploring step tries it, and its measurement
+    decides from then on."""
+    policy = exploring_policy(compile_s=1.0)
+    policy.cost.compiled_verify.discard((4, 16, 4))
+    policy.cost.compiled_draft.discard((4, 4))
+    policy.steps = 4000
+    blocks = [policy.plan_drafts(range(4)).block for _ in range(4)]
+    assert blocks == [8, 8, 8, 4]  # step 4004 explores (explore_every=4), compiling the block of 4
+    policy.cost.observe((4, 16, 4), 0.25, 4, 0.01, 0.0, draft_block=4)
+    assert policy.plan_drafts(range(4)).block == 8  # measured: no better
 
 
 def test_request_bias_follows_its_outcomes():
