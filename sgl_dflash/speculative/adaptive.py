@@ -27,8 +27,9 @@ no drafter at all. A request left undrafted for `probe_every` steps is drafted a
 smallest block), so its estimate can recover; a step that would draft runs plain when the plain
 step's cost was last measured `refresh_every` steps ago, so that a stale reading cannot keep it
 drafting. Every `explore_every`-th step, shapes and draft blocks
-never measured look cheaper than predicted (`explore_discount`), so a choice that may be better
-gets measured once instead of being ruled out by a guess; a program never compiled also carries a
+not measured recently look cheaper than predicted (`explore_discount`), so a choice that may be
+better gets measured instead of being ruled out by a guess or by a reading taken while the machine
+was slower; a program never compiled also carries a
 share of its compile time (the compile's seconds over the steps still to come).
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
@@ -258,16 +259,17 @@ class AdaptivePolicy:
 
     def step_cost(self, q_lens: np.ndarray) -> float:
         shape = step_shape(q_lens)
-        seconds = self._explored(self.cost.verify(shape), shape in self.cost.verify_s, shape in self.cost.compiled_verify)
+        seconds = self._explored(self.cost.verify(shape), self.cost.fresh("verify", shape), shape in self.cost.compiled_verify)
         return self.cost.overhead + seconds
 
     def draft_cost(self, batch: int, block: int) -> float:
         key = (bucket(batch), block)
-        return self._explored(self.cost.draft(batch, block), key in self.cost.draft_s, key in self.cost.compiled_draft)
+        return self._explored(self.cost.draft(batch, block), self.cost.fresh("draft", key), key in self.cost.compiled_draft)
 
     def _explored(self, seconds: float, measured: bool, compiled: bool) -> float:
-        """A prediction as the choice sees it: on exploration steps, a program never measured
-        looks cheaper than predicted; one never compiled also carries its share of a compile.
+        """A prediction as the choice sees it: on exploration steps, a program not measured
+        recently (`CostModel.fresh`) looks cheaper than predicted; one never compiled also
+        carries its share of a compile.
         Without compiling, a shape the prediction rules out would never be measured: at 32
         requests the line through the plain step alone put a 2-token verify at 1.67x a plain
         step where MT-Bench measured 1.26x, so the policy never drafted there while fixed

@@ -34,8 +34,14 @@ def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
 
 
 class CostModel:
-    def __init__(self, window: int = 9, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3):
+    def __init__(self, window: int = 9, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3,
+                 stale_after: int = 256):
         self.window = window  # measurements per shape whose median is its cost
+        # A measurement this many steps old is stale: the machine's speed drifts (2x over minutes
+        # on a shared host) while a shape that stopped being chosen is never measured again. A
+        # stale shape counts as unmeasured for exploration, and its old samples are dropped when
+        # it is measured again (else one fresh sample could not move a median of nine).
+        self.stale_after = stale_after
         self.decay = decay  # weight of a new measurement in the running means (overhead, compiles)
         self.prior_rows = prior_rows
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
@@ -50,21 +56,23 @@ class CostModel:
         self.compile_s = 1.0
         self._compiles = 0
         self._steps = 0
-        self._measured_at: dict[tuple[int, int, int], int] = {}  # verify shape -> step of its last measurement
+        self._measured_at: dict[tuple[str, tuple], int] = {}  # ("verify" | "draft", key) -> step last measured
         self._line: tuple[float, float] | None = None  # (a, b) of the fit; None = refit
 
     # -- measurements ---------------------------------------------------------------------
     def _update(self, table: dict, name: str, key: tuple, seconds: float) -> None:
         samples = self._samples.setdefault((name, key), collections.deque(maxlen=self.window))
+        if not self.fresh(name, key):
+            samples.clear()
         samples.append(seconds)
         table[key] = float(np.median(samples))
+        self._measured_at[(name, key)] = self._steps
 
     def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,
                 overhead_s: float, draft_block: int = 0) -> None:
         """One step: its verify shape and seconds, the drafter's batch (0: no draft), block and
         seconds, and the rest of the worker's step."""
         self._update(self.verify_s, "verify", shape, verify_s)
-        self._measured_at[shape] = self._steps
         self._line = None
         self.compiled_verify.add(shape)
         if draft_batch:
@@ -82,9 +90,15 @@ class CostModel:
         self.compile_s = seconds if not self._compiles else (1 - self.decay) * self.compile_s + self.decay * seconds
         self._compiles += 1
 
-    def age(self, shape: tuple[int, int, int]) -> int | None:
-        """Measured steps since this verify shape was last measured (None: never)."""
-        return None if shape not in self._measured_at else self._steps - self._measured_at[shape]
+    def age(self, shape: tuple[int, int, int], name: str = "verify") -> int | None:
+        """Measured steps since this verify shape (or draft key) was last measured (None: never)."""
+        step = self._measured_at.get((name, shape))
+        return None if step is None else self._steps - step
+
+    def fresh(self, name: str, key: tuple) -> bool:
+        """Measured within `stale_after` steps ("verify": a shape; "draft": (batch bucket, block))."""
+        age = self.age(key, name)
+        return age is not None and age < self.stale_after
 
     # -- predictions ----------------------------------------------------------------------
     def verify(self, shape: tuple[int, int, int]) -> float:

@@ -16,8 +16,9 @@ needs (prompt-length, batch and context buckets; JAX compiles on first use, seco
 CPU), and one compile in a measured pass would outweigh the differences it measures. The adaptive
 engine's finishing order, hence its prefill batches, can change while its policy learns, so it may
 need a third pass where the others are warm after one. A row that never got a compile-free pass
-says which engines' steps compiled in its measured pass and for how long; tokens/s leaves those
-steps out (a compile is once per shape in a server's life) and `full_tokens_per_s` keeps them.
+says which engines' steps compiled in its measured pass and for how long; tokens/s leaves the
+seconds JAX spent compiling out (a compile is once per shape in a server's life; the step's own
+work stays in) and `full_tokens_per_s` keeps them.
 
 Writes <out>/concurrency.json (tokens/s, ratios to NONE and to the best fixed block, outputs equal to
 NONE's, chosen verify lengths) and <out>/concurrency.png (tokens/s per concurrency, one panel per set).
@@ -42,9 +43,11 @@ SETS = (*datasets.BENCH_DATASETS, "mixed")
 
 class CompileCounter:
     """Counts JAX compilations process-wide (traces of a new shape or a new function: every
-    compile, also one served from the persistent compilation cache, starts with one)."""
+    compile, also one served from the persistent compilation cache, starts with one), and the
+    seconds they took (tracing, lowering and the backend compile, as JAX reports them)."""
 
     count = 0
+    seconds = 0.0
     _installed = False
 
     @classmethod
@@ -57,6 +60,8 @@ class CompileCounter:
     def _on_event(cls, event: str, duration: float, **kwargs) -> None:
         if event == "/jax/core/compile/jaxpr_trace_duration":
             cls.count += 1
+        if event.startswith("/jax/core/compile/"):
+            cls.seconds += duration
 
 
 def prompt_sets(names: list[str], count: int, offset: int = 0) -> dict[str, list[str]]:
@@ -78,10 +83,10 @@ class ClosedLoop:
     one scheduler step at a time; `seconds` counts only this engine's own steps.
 
     `tokens_per_s` is measured over the steps that ran with all c requests in flight (prefills of
-    joining requests included) and compiled nothing, i.e. a warm server's throughput at
-    concurrency c; `full_tokens_per_s` keeps the steps that compiled (`compile_seconds` is their
-    time) and `all_steps_tokens_per_s` adds the pass's tail, where the last requests run with
-    fewer beside them. The tail is not the same for every engine: requests of equal length that
+    joining requests included), less the seconds JAX spent compiling in them, i.e. a warm
+    server's throughput at concurrency c; `full_tokens_per_s` keeps the compile seconds
+    (`compile_seconds`, of all steps) and `all_steps_tokens_per_s` adds the pass's tail, where the
+    last requests run with fewer beside them. The tail is not the same for every engine: requests of equal length that
     start together (NONE, 1 token per step) finish together and leave no tail, while speculation
     staggers them. A compile is once per shape in a server's life, but its seconds in a measured
     pass outweigh what the pass measures: adaptive's policy compiles a shape it explores."""
@@ -90,7 +95,7 @@ class ClosedLoop:
         self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
         self.compiling_steps, self.compile_seconds, self.full_seconds, self.full_tokens = 0, 0.0, 0.0, 0
-        self.warm_seconds, self.warm_tokens = 0.0, 0
+        self.full_compile_seconds = 0.0
         CompileCounter.install()
 
     @property
@@ -101,7 +106,7 @@ class ClosedLoop:
         from sgl_dflash.managers.schedule_batch import Req, new_rid
         from sgl_dflash.sampling_params import SamplingParams
 
-        start, compiles = time.perf_counter(), CompileCounter.count
+        start, compiles, compile_seconds = time.perf_counter(), CompileCounter.count, CompileCounter.seconds
         while self.queue and len(self.running) < self.concurrency:
             params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
             req = Req(new_rid(), self.queue.pop(0), params)
@@ -112,16 +117,13 @@ class ClosedLoop:
         self.scheduler.step()
         seconds = time.perf_counter() - start
         self.seconds += seconds
-        compiled = CompileCounter.count > compiles
-        self.compiling_steps += compiled
-        self.compile_seconds += seconds if compiled else 0.0
+        compiling = CompileCounter.seconds - compile_seconds
+        self.compiling_steps += CompileCounter.count > compiles
+        self.compile_seconds += compiling
         if full:  # c requests in flight: not the pass's tail, where the last requests run alone
-            tokens = sum(len(r.output_ids) for r in self.running) - before
             self.full_seconds += seconds
-            self.full_tokens += tokens
-            if not compiled:
-                self.warm_seconds += seconds
-                self.warm_tokens += tokens
+            self.full_compile_seconds += compiling
+            self.full_tokens += sum(len(r.output_ids) for r in self.running) - before
         for req in [r for r in self.running if r.finished]:
             self.running.remove(req)
             self.done[self.order[req.rid]] = req
@@ -129,7 +131,8 @@ class ClosedLoop:
     def result(self) -> dict:
         reqs = [self.done[i] for i in range(len(self.done))]
         tokens = sum(len(r.output_ids) for r in reqs)
-        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": self.warm_tokens / max(self.warm_seconds, 1e-9),
+        warm_seconds = self.full_seconds - self.full_compile_seconds
+        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": self.full_tokens / max(warm_seconds, 1e-9),
                   "full_tokens_per_s": self.full_tokens / max(self.full_seconds, 1e-9),
                   "all_steps_tokens_per_s": tokens / self.seconds, "full_seconds": self.full_seconds,
                   "compiling_steps": self.compiling_steps, "compile_seconds": self.compile_seconds,
@@ -260,7 +263,7 @@ def format_row(key: str, row: dict) -> str:
     compiled = ", ".join(f"{name} {v['compiling_steps']} ({v.get('compile_seconds', 0.0):.1f} s)"
                          for name, v in r.items() if v.get("compiling_steps"))
     return (f"{key}: tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
-            f" | passes {row.get('passes', '?')}, steps that compiled (left out of tok/s): {compiled or 'none'}")
+            f" | passes {row.get('passes', '?')}, steps that compiled (compile time left out of tok/s): {compiled or 'none'}")
 
 
 def format_table(results: dict) -> str:

@@ -217,3 +217,32 @@ def test_a_stale_plain_cost_is_measured_again():
     policy.cost._measured_at.clear()
     policy.cost.verify_s[(4, 4, 1)] = 0.3
     assert policy.plan_drafts(slots).block == 2  # never compiled: no plain step is forced
+
+
+def test_a_stale_drafted_cost_is_measured_again():
+    """The machine's speed drifts; a drafted shape measured while it was slow would never be
+    chosen again, hence never measured again. Once its measurement is `stale_after` steps old,
+    exploring steps try it, and the new measurement replaces the old ones (one fresh sample could
+    not move a median of nine)."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=4, probe_every=1000, refresh_every=0)
+    policy.cost.stale_after = 20
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = [0.5] + [0.1] * 6
+    for _ in range(9):  # drafting 2 tokens while the machine was slow: 0.2 s
+        policy.cost.observe((4, 8, 2), 0.2, 4, 0.01, 0.0, draft_block=2)
+    policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    blocks = []
+    for _ in range(40):
+        plan = policy.plan_drafts(slots)
+        blocks.append(plan.block)
+        if plan.block:  # the machine is fast again: 0.11 s (a plain step 0.1 s)
+            policy.cost.observe((4, 8, 2), 0.11, 4, 0.01, 0.0, draft_block=2)
+        else:
+            policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    first = blocks.index(2)
+    assert first >= 19  # not before the slow reading is stale
+    # Measured again, drafting pays and it keeps drafting (until the plain cost, unmeasured
+    # meanwhile, is stale in turn and an exploring step measures it again).
+    assert first + 16 < len(blocks) and set(blocks[first : first + 16]) == {2}
