@@ -44,38 +44,37 @@ class AuxRows:
         return [host[span] for span in self.spans]
 
 
+class _AuxViews:
+    """`aux_hidden` and `features` of an output's `aux` rows: `AuxRows.raw` / `AuxRows.features`
+    (empty when the runner has no aux layers)."""
+
+    aux: AuxRows
+
+    @property
+    def aux_hidden(self) -> list[np.ndarray] | tuple:
+        return self.aux.raw
+
+    @property
+    def features(self) -> list[np.ndarray] | tuple:
+        return self.aux.features
+
+
 @dataclasses.dataclass(frozen=True)
-class ForwardOutput:
+class ForwardOutput(_AuxViews):
     """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i; `aux_hidden`
     and `features` as `AuxRows.raw` / `AuxRows.features` (empty when the runner has no aux layers)."""
 
     logits: list[np.ndarray]
     aux: AuxRows = AuxRows()
 
-    @property
-    def aux_hidden(self) -> list[np.ndarray] | tuple:
-        return self.aux.raw
-
-    @property
-    def features(self) -> list[np.ndarray] | tuple:
-        return self.aux.features
-
 
 @dataclasses.dataclass(frozen=True)
-class SampleOutput:
+class SampleOutput(_AuxViews):
     """`tokens`: np.int32 [n], one sampled token per sequence (from its last position);
     `aux_hidden` and `features` as in `ForwardOutput`."""
 
     tokens: np.ndarray
     aux: AuxRows = AuxRows()
-
-    @property
-    def aux_hidden(self) -> list[np.ndarray] | tuple:
-        return self.aux.raw
-
-    @property
-    def features(self) -> list[np.ndarray] | tuple:
-        return self.aux.features
 
 
 @dataclasses.dataclass(frozen=True)
