@@ -13,6 +13,15 @@ the slope assumes a step costs `prior_rows` rows of work before its first). Befo
 measurement the same prior gives relative costs, which is all a ratio of tokens per second needs.
 The draft cost is kept per (drafter batch bucket, draft block) the same way: the policy may draft
 a shorter block than the drafter's (fewer mask positions, a cheaper drafter step).
+
+The plain step of each batch bucket is the clock. The machine's speed drifts (a shared host ran
+1.5x slower for minutes), and a drafted shape is measured only while the policy chooses it: read
+while the machine was slow and compared with a plain step read later at full speed, it looked
+1.6x too costly and was never chosen, hence never read, again. So a drafted verify shape's or a
+draft's reading is kept with the plain step's cost of its batch bucket at that time, and
+predicted scaled by how that plain cost moved since: its ratio to the plain step is what was
+measured. The plain step itself is measured on every plain step (and at least every
+`refresh_every` steps, adaptive.py), so the clock stays current.
 """
 
 from __future__ import annotations
@@ -33,6 +42,11 @@ def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
     return bucket(len(q_lens)), tokens, min(bucket(int(q_lens.max())), tokens)
 
 
+def plain_shape(batch: int) -> tuple[int, int, int]:
+    """The shape of a plain decode step of `batch` requests (one token each)."""
+    return step_shape(np.ones(batch, np.int64))
+
+
 class CostModel:
     def __init__(self, window: int = 9, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3,
                  stale_after: int = 256):
@@ -45,9 +59,12 @@ class CostModel:
         self.decay = decay  # weight of a new measurement in the running means (overhead, compiles)
         self.prior_rows = prior_rows
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
+        # The medians as last measured (drafted shapes and drafts: see `_current` for today's).
         self.verify_s: dict[tuple[int, int, int], float] = {}
         self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
-        self._samples: dict[tuple[str, tuple], collections.deque] = {}  # ("verify" | "draft", key)
+        # ("verify" | "draft", key) -> (seconds, the clock then: the plain step's cost of the batch
+        # bucket, None for a plain step itself or before the clock was measured)
+        self._samples: dict[tuple[str, tuple], collections.deque] = {}
         self.overhead = 0.0
         # Shapes that ran (compiled) and what a step that compiled took: a shape never run costs
         # a compile first, which the policy spreads over the steps still to come.
@@ -64,9 +81,22 @@ class CostModel:
         samples = self._samples.setdefault((name, key), collections.deque(maxlen=self.window))
         if not self.fresh(name, key):
             samples.clear()
-        samples.append(seconds)
-        table[key] = float(np.median(samples))
+        samples.append((seconds, self._clock(name, key)))
         self._measured_at[(name, key)] = self._steps
+        table[key] = self._current(name, key)
+
+    def _clock(self, name: str, key: tuple) -> float | None:
+        """The plain step's cost now, of the batch bucket a drafted shape or a draft belongs to
+        (None for a plain shape, or when the plain step of that bucket was never measured)."""
+        if name == "verify" and key == plain_shape(key[0]):
+            return None
+        return self.verify_s.get(plain_shape(key[0]))
+
+    def _current(self, name: str, key: tuple) -> float:
+        """The median of a shape's samples, each scaled by how its clock moved since."""
+        now = self._clock(name, key)
+        return float(np.median([seconds * now / then if now and then else seconds
+                                for seconds, then in self._samples[(name, key)]]))
 
     def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,
                 overhead_s: float, draft_block: int = 0) -> None:
@@ -104,7 +134,7 @@ class CostModel:
     def verify(self, shape: tuple[int, int, int]) -> float:
         """Seconds of a verify step of this (S, T, Q) shape."""
         if shape in self.verify_s:
-            return self.verify_s[shape]
+            return self._current("verify", shape)
         a, b = self.line()
         return a + b * shape[1]
 
@@ -118,7 +148,7 @@ class CostModel:
         if not self.verify_s:
             return self.prior_rows * self.unit, self.unit
         rows = np.array([shape[1] for shape in self.verify_s], np.float64)
-        seconds = np.array(list(self.verify_s.values()), np.float64)
+        seconds = np.array([self._current("verify", shape) for shape in self.verify_s], np.float64)
         if len(np.unique(rows)) < 2:
             b = seconds.mean() / (self.prior_rows + rows.mean())
             return self.prior_rows * b, b
@@ -133,8 +163,8 @@ class CostModel:
         drafter's batch)."""
         key = (bucket(batch), block)
         if key in self.draft_s:
-            return self.draft_s[key]
+            return self._current("draft", key)
         if self.draft_s:  # the nearest measured one, scaled by the square root of the work ratio
             near = min(self.draft_s, key=lambda k: abs(np.log2(k[0] * k[1] / (key[0] * key[1]))))
-            return self.draft_s[near] * float(np.sqrt(key[0] * key[1] / (near[0] * near[1])))
+            return self._current("draft", near) * float(np.sqrt(key[0] * key[1] / (near[0] * near[1])))
         return 0.1 * self.verify(step_shape(np.ones(batch)))  # a guess until the first draft

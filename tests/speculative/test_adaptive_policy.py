@@ -69,6 +69,8 @@ def test_cost_model_measures_and_predicts():
     cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01, draft_block=4)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.10)
     assert cost.verify((4, 32, 8)) == pytest.approx(0.10 + 0.01 * 28)  # the line through both
+    assert cost.draft(3, 4) == pytest.approx(0.02) and cost.draft(16, 4) == pytest.approx(0.04)
+    assert cost.draft(4, 16) == pytest.approx(0.04)  # nearest measured, by batch x block
     cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.01)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.15)  # the median of the last `window`
     cost.observe((4, 4, 1), 5.0, 0, 0.0, 0.01)  # an outlier (another process's burst)...
@@ -76,8 +78,8 @@ def test_cost_model_measures_and_predicts():
     for _ in range(2):
         cost.observe((4, 4, 1), 0.3, 0, 0.0, 0.01)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.3)  # the window follows a lasting change
-    assert cost.draft(3, 4) == pytest.approx(0.02) and cost.draft(16, 4) == pytest.approx(0.04)
-    assert cost.draft(4, 16) == pytest.approx(0.04)  # nearest measured, by batch x block
+    # The plain step of the batch bucket is the clock: what was measured beside it follows it.
+    assert cost.verify((4, 16, 4)) == pytest.approx(0.22 * 3) and cost.draft(3, 4) == pytest.approx(0.02 * 3)
 
 
 def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests():
@@ -119,9 +121,13 @@ def test_plan_chooses_the_draft_block_by_its_cost():
         policy.cost.observe((4, 16, 4), 0.2, 4, 0.02, 0.0, draft_block=4)
     plan = policy.plan_drafts(slots)
     assert plan.drafted.all() and plan.block == 2
-    for _ in range(40):  # now the long block is as cheap as the short one
+    for _ in range(40):  # now the long block is as cheap as the short one (which, like the plain step,
+        # still costs what it did: with only the long blocks measured faster, the model reads a faster
+        # machine, test_costs_follow_the_machine)
         policy.cost.observe((4, 32, 8), 0.12, 4, 0.01, 0.0, draft_block=8)
         policy.cost.observe((4, 16, 4), 0.12, 4, 0.01, 0.0, draft_block=4)
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+        policy.cost.observe((4, 8, 2), 0.12, 4, 0.01, 0.0, draft_block=2)
     assert policy.plan_drafts(slots).block == 8
 
 
@@ -212,11 +218,29 @@ def test_a_stale_plain_cost_is_measured_again():
     assert plans == [2, 2, 2, 0]  # the 4th step would draft, but the plain cost is 4 steps old
     for _ in range(5):  # measured again: 0.1 s, the burst is over
         policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
-    assert policy.plan_drafts(slots).block == 0
-    policy.cost.compiled_verify.discard((4, 4, 1))
-    policy.cost._measured_at.clear()
-    policy.cost.verify_s[(4, 4, 1)] = 0.3
-    assert policy.plan_drafts(slots).block == 2  # never compiled: no plain step is forced
+    # The drafted step was read beside the burst's plain step, as 2/3 of it: it drafts, reads
+    # the drafted step at 2x the plain one now, and stops drafting within a few steps for good.
+    plans = []
+    for _ in range(12):
+        plan = policy.plan_drafts(slots)
+        plans.append(plan.block)
+        if plan.block:
+            policy.cost.observe((4, 8, 2), 0.2, 4, 0.01, 0.0, draft_block=plan.block)
+        else:
+            policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    assert plans[6:] == [0] * 6
+
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4)
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = [0.5] + [0.1] * 6
+    policy.cost.observe((4, 4, 1), 0.3, 0, 0.0, 0.0)
+    policy.cost.compiled_verify.discard((4, 4, 1))  # a plain step that would compile...
+    plans = []
+    for _ in range(8):
+        plans.append(policy.plan_drafts(slots).block)
+        policy.cost.observe((4, 8, 2), 0.2, 4, 0.01, 0.0, draft_block=2)
+    assert plans == [2] * 8  # ...is never forced
 
 
 def test_a_stale_drafted_cost_is_measured_again():
@@ -246,3 +270,53 @@ def test_a_stale_drafted_cost_is_measured_again():
     # Measured again, drafting pays and it keeps drafting (until the plain cost, unmeasured
     # meanwhile, is stale in turn and an exploring step measures it again).
     assert first + 16 < len(blocks) and set(blocks[first : first + 16]) == {2}
+
+
+def test_costs_follow_the_machine():
+    """A drafted shape measured while the machine ran 1.5x slower is predicted at today's speed
+    once later steps (of any shape) read the faster machine. Without the shared drift, its old
+    reading (never refreshed: it is only measured when chosen) kept the policy plain where
+    drafting paid (MT-Bench at one request after the mixed rows: 33.2 ms held vs 20.6 measured)."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=0)
+    policy.add(0)
+    policy.requests[0].estimate[:] = [0.7, 0.6, 0.5] + [0.1] * 4
+    for _ in range(9):  # the machine at 1.5x: plain 0.027 s, a 4-token verify 0.031 s, drafting 0.0075 s
+        policy.cost.observe((1, 2, 1), 0.027, 0, 0.0, 0.0)
+        policy.cost.observe((1, 4, 4), 0.031, 1, 0.0075, 0.0, draft_block=4)
+    for _ in range(20):  # back to full speed, plain steps only: 0.018 s
+        policy.cost.observe((1, 2, 1), 0.018, 0, 0.0, 0.0)
+    assert policy.cost.verify((1, 4, 4)) == pytest.approx(0.031 * 2 / 3)
+    assert policy.cost.draft(1, 4) == pytest.approx(0.0075 * 2 / 3)
+    # 1 + 0.7 + 0.42 + 0.21 tokens in 0.0257 s beats 1 token in 0.018 s: it drafts again.
+    assert policy.plan_drafts([0]).block == 4
+
+
+def test_a_plain_outlier_moves_no_clocked_cost():
+    cost = CostModel()
+    for _ in range(5):
+        cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+        cost.observe((4, 8, 2), 0.12, 4, 0.01, 0.0, draft_block=2)
+    cost.observe((4, 4, 1), 5.0, 0, 0.0, 0.0)  # another process's burst
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.1) and cost.verify((4, 8, 2)) == pytest.approx(0.12)
+    assert cost.draft(4, 2) == pytest.approx(0.01)
+    for _ in range(9):  # a lasting slowdown, read on the plain step alone, moves what was read beside it
+        cost.observe((4, 4, 1), 0.2, 0, 0.0, 0.0)
+    assert cost.verify((4, 8, 2)) == pytest.approx(0.24) and cost.draft(4, 2) == pytest.approx(0.02)
+    assert cost.verify((8, 8, 1)) == pytest.approx(cost.line()[0] + 8 * cost.line()[1])  # unmeasured: the line
+
+
+def test_probes_draft_the_block_closest_to_paying():
+    """Idle requests are probed at the draft block the plan values most, not the smallest: the
+    block a fixed B=4 wins with must get measured for the policy to find it."""
+    policy = AdaptivePolicy(num_drafts=7, probe_every=2, explore_every=0, refresh_every=0)
+    policy.add(0)
+    policy.requests[0].estimate[:] = [0.5, 0.45, 0.4] + [0.05] * 4
+    for _ in range(3):  # a plain step 0.02 s; drafting and verifying 2 or 4 tokens costs a little more than it yields
+        policy.cost.observe((1, 2, 1), 0.02, 0, 0.0, 0.0)
+        policy.cost.observe((1, 2, 2), 0.021, 1, 0.0125, 0.0, draft_block=2)
+        policy.cost.observe((1, 4, 4), 0.026, 1, 0.0125, 0.0, draft_block=4)
+        policy.cost.observe((1, 8, 8), 0.035, 1, 0.0125, 0.0, draft_block=8)
+    assert policy.plan_drafts([0]).block == 0  # nothing pays
+    policy.observe([0], np.zeros(1, np.int64), np.zeros(1, bool), None, np.zeros(1), np.zeros(1))
+    plan = policy.plan_drafts([0])
+    assert plan.drafted.all() and plan.block == 4  # 1.86 tokens in 0.0385 s beats 1.5 in 0.0335 s
