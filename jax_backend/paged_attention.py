@@ -75,18 +75,19 @@ def _init_state(q: jax.Array, mask_value: float) -> _SoftmaxState:
 
 
 def _online_softmax_step(state, q, keys, values, visible, sm_scale, mask_value):
-    """Fold keys/values [S, K, Hkv, D] with mask visible [S, Qmax, K] into the state.
+    """Fold keys/values [S, Hkv, K, D] (head-major: each (sequence, head) pair's keys are one
+    contiguous matrix, as the batched dots want them) with mask visible [S, Qmax, K] into the state.
 
     Masked scores are set to the finite `mask_value` like the TPU reference: a query that has
     seen only masked keys carries weight-1 garbage, which the first visible key (every real query
     has one: itself) scales away by exp(mask_value - score) = 0."""
-    scores = jnp.einsum("sqhgd,skhd->shgqk", q, keys, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("sqhgd,shkd->shgqk", q, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(visible[:, None, None], scores * sm_scale, mask_value)
     m_new = jnp.maximum(state.m, scores.max(axis=-1))
     alpha = jnp.exp(state.m - m_new)
     p = jnp.exp(scores - m_new[..., None])
     l_new = alpha * state.l + p.sum(axis=-1)
-    pv = jnp.einsum("shgqk,skhd->shgqd", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
+    pv = jnp.einsum("shgqk,shkd->shgqd", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
     return _SoftmaxState(m_new, l_new, alpha[..., None] * state.acc + pv)
 
 
@@ -103,14 +104,28 @@ def _attend_pages(state, q, kv_pages, page_indices, limit, *, sm_scale, mask_val
 
     def body(c, state):
         pages = jax.lax.dynamic_slice_in_dim(page_indices, c * chunk_pages, chunk_pages, axis=1)
-        kv = kv_pages[pages].reshape(max_seqs, chunk, num_combined // 2, 2, head_dim)
         positions = c * chunk + jnp.arange(chunk)
         visible = positions[None, None, :] < limit[:, :, None]
-        return _online_softmax_step(state, q, kv[:, :, :, 0], kv[:, :, :, 1], visible, sm_scale, mask_value)
+        return _online_softmax_step(state, q, _gather_heads(kv_pages, pages, 0), _gather_heads(kv_pages, pages, 1),
+                                    visible, sm_scale, mask_value)
 
     if num_chunks <= 1:  # no loop at all for a short context (0 chunks: no cached prefix)
         return body(0, state) if num_chunks else state
     return jax.lax.fori_loop(0, num_chunks, body, state)
+
+
+def _gather_heads(kv_pages, pages, which):
+    """K (which=0) or V (1) of the pages [S, n] as head-major [S, Hkv, n * page_size, D].
+
+    One gather each, reading the interleaved pool strided and writing the layout the dots take:
+    XLA fuses the slice, the gather and the transpose into one pass. (Gathering whole pages and
+    de-interleaving after wrote the chunk three times: at 32 sequences x 256 tokens, 4.0 -> 3.0 ms
+    per layer on 2 CPU cores.)"""
+    num_pages, page_size, num_combined, head_dim = kv_pages.shape
+    max_seqs, n = pages.shape
+    half = kv_pages.reshape(num_pages, page_size, num_combined // 2, 2, head_dim)[:, :, :, which]
+    by_head = half.transpose(0, 2, 1, 3)[pages]  # [S, n, Hkv, page_size, D]
+    return by_head.transpose(0, 2, 1, 3, 4).reshape(max_seqs, num_combined // 2, n * page_size, head_dim)
 
 
 def _finish(state, layout, out_dtype, num_q_heads):
@@ -212,7 +227,8 @@ def prefix_block_attention(
     j = jnp.arange(max_q_len)
     causal = jnp.broadcast_to(j[None, None, :] <= j[None, :, None], (kv_lens.shape[0], max_q_len, max_q_len))
     state = _online_softmax_step(
-        state, q, new_keys[layout.rows], new_values[layout.rows], causal, sm_scale, mask_value
+        state, q, new_keys[layout.rows].transpose(0, 2, 1, 3), new_values[layout.rows].transpose(0, 2, 1, 3),
+        causal, sm_scale, mask_value,
     )
     return _finish(state, layout, queries.dtype, num_q_heads)
 
