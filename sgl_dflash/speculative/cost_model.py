@@ -27,6 +27,8 @@ measured. The plain step itself is measured on every plain step (and at least ev
 from __future__ import annotations
 
 import collections
+import functools
+import statistics
 
 import numpy as np
 
@@ -42,6 +44,7 @@ def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
     return bucket(len(q_lens)), tokens, min(bucket(int(q_lens.max())), tokens)
 
 
+@functools.lru_cache(maxsize=None)
 def plain_shape(batch: int) -> tuple[int, int, int]:
     """The shape of a plain decode step of `batch` requests (one token each)."""
     return step_shape(np.ones(batch, np.int64))
@@ -65,6 +68,7 @@ class CostModel:
         # ("verify" | "draft", key) -> (seconds, the clock then: the plain step's cost of the batch
         # bucket, None for a plain step itself or before the clock was measured)
         self._samples: dict[tuple[str, tuple], collections.deque] = {}
+        self._memo: dict[tuple[str, tuple], float] = {}  # `_current` until the next measurement
         self.overhead = 0.0
         # Shapes that ran (compiled) and what a step that compiled took: a shape never run costs
         # a compile first, which the policy spreads over the steps still to come.
@@ -83,6 +87,7 @@ class CostModel:
             samples.clear()
         samples.append((seconds, self._clock(name, key)))
         self._measured_at[(name, key)] = self._steps
+        self._memo.clear()
         table[key] = self._current(name, key)
 
     def _clock(self, name: str, key: tuple) -> float | None:
@@ -94,9 +99,11 @@ class CostModel:
 
     def _current(self, name: str, key: tuple) -> float:
         """The median of a shape's samples, each scaled by how its clock moved since."""
-        now = self._clock(name, key)
-        return float(np.median([seconds * now / then if now and then else seconds
-                                for seconds, then in self._samples[(name, key)]]))
+        if (name, key) not in self._memo:  # (a plan asks for the same few shapes many times)
+            now = self._clock(name, key)
+            self._memo[(name, key)] = float(statistics.median(
+                seconds * now / then if now and then else seconds for seconds, then in self._samples[(name, key)]))
+        return self._memo[(name, key)]
 
     def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,
                 overhead_s: float, draft_block: int = 0) -> None:
