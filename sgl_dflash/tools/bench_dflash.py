@@ -1,7 +1,8 @@
 """Benchmark: DFLASH vs NONE tokens/s in the same run, tau, and where a DFLASH step's time goes.
 
     python -m sgl_dflash.tools.bench_dflash [--block-sizes 4 8 16] [--batch-sizes 1 4] [--max-new-tokens 128]
-                                      [--context-length N] [--out bench_results/bench_dflash.json]
+                                      [--context-length N] [--dataset mt-bench --num-prompts 32]
+                                      [--roofline] [--out bench_results/bench_dflash.json]
 
 Runs on the small generated pair (built on first use; see sgl_dflash.tools.tiny_pair), or on
 --model-path / --draft-path, with the engine's default settings (context length = the target's
@@ -11,6 +12,12 @@ up (JAX compiles) and once timed. A DFLASH decode step (one scheduler.step()) is
 (drafter forward), verify (one jitted target step over all blocks, acceptance included), commit
 (drafter state update) and host overhead: the rest of the step's wall time (scheduling,
 page allocation, batching, applying the result: stop rules). Prints a table and writes JSON.
+
+`--roofline` (issue 12's check) measures this machine's read bandwidth and fp32 matmul peak in the
+same run (before and after the engines; the faster reading counts) and sets every row's decode
+step beside its roofline: the target's weights and the KV of `batch` sequences at the row's mean
+context, plus for DFLASH a verify block of K tokens per sequence and the drafter's weights
+(`bench_roofline.roofline`). Writes the plot (step ms vs roofline ms) beside the JSON.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ import platform
 import time
 from typing import Any
 
+import jax
+
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode
+from sgl_dflash.tools import datasets
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
 from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
 
@@ -68,6 +78,11 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
     result = {
         "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
         "prefill_s": clock["prefill"], "decode_s": clock["decode"], "decode_steps": clock["decode_steps"],
+        # The first token of each request comes from its prefill step.
+        "decode_tokens_per_s": (tokens - len(outputs)) / max(clock["decode"], 1e-9),
+        # The KV a mean decode step reads: the prompt and half the answer.
+        "context": sum(o["meta_info"]["prompt_tokens"] + o["meta_info"]["completion_tokens"] / 2
+                       for o in outputs) / len(outputs),
         "output_ids": [o["output_ids"] for o in outputs],
     }
     steps = max(1, clock["decode_steps"])
@@ -82,6 +97,51 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
     return result
 
 
+def add_roofline(engines: dict[str, Engine], rows: list[dict], machine: dict) -> None:
+    """Each row's decode step against its roofline (see the module doc); `machine` as
+    `bench_roofline.measure_machine` returns it."""
+    from sgl_dflash.tools.bench_roofline import roofline, target_bytes
+
+    runner = engines["NONE"].scheduler.worker.runner
+    weights = target_bytes(runner)
+    for row in rows:
+        worker = engines[row["config"]].scheduler.worker
+        k, drafter = 1, 0
+        if hasattr(worker, "proposer"):
+            k = worker.block_size
+            drafter = sum(x.nbytes for x in jax.tree_util.tree_leaves(worker.proposer.params))
+            drafter += worker.proposer.lm_head.nbytes
+        line = roofline(runner.config, weights, row["batch_size"], k, round(row["context"]), machine, drafter)
+        tokens_per_step = row["batch_size"] * row.get("tau", 1.0)
+        row.update(roofline_ms=line["roofline_ms"], roofline_bound=line["bound"],
+                   step_over_roofline=round(row["decode_step_ms"] / line["roofline_ms"], 2),
+                   roofline_tokens_per_s=round(tokens_per_step / line["roofline_ms"] * 1e3, 1))
+
+
+def plot_roofline(rows: list[dict], machine: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [f"{r['config']}\nbatch {r['batch_size']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
+    ax.bar(x - 0.2, [r["decode_step_ms"] for r in rows], 0.4, label="engine decode step")
+    ax.bar(x + 0.2, [r["roofline_ms"] for r in rows], 0.4, label="roofline")
+    for i, r in enumerate(rows):
+        ax.annotate(f"{r['step_over_roofline']:.1f}x", (i - 0.2, r["decode_step_ms"]), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("ms per decode step")
+    ax.set_title(f"Engine steps vs roofline ({machine['read_bandwidth_gbs']:.0f} GB/s, "
+                 f"{machine['matmul_fp32_gflops']:.0f} GFLOP/s measured in the same run)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
@@ -93,6 +153,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--context-length", type=int, default=None,
                         help="default: what a user gets (the target's max_position_embeddings)")
     parser.add_argument("--max-running-requests", type=int, default=None, help="default: the server default")
+    parser.add_argument("--dataset", default=None, choices=datasets.BENCH_DATASETS,
+                        help="prompts from this benchmark set (sgl_dflash.tools.datasets, e.g. mt-bench) "
+                             "instead of the demo questions")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="with --dataset: how many prompts (default: the largest batch size)")
+    parser.add_argument("--roofline", action="store_true",
+                        help="measure bandwidth and matmul peak in the same run; each step vs its roofline")
     parser.add_argument("--out", default="bench_results/bench_dflash.json")
     args = parser.parse_args(argv)
 
@@ -102,6 +169,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model = ensure_tiny_pair()
         args.model_path, args.draft_path = model.target_dir, model.draft_dir
         questions = TINY_PAIR_QUESTIONS  # what the small pair was trained to answer
+    if args.dataset is not None:
+        records = datasets.load_benchmark(args.dataset)
+        questions = [record["prompt"] for record in records[: args.num_prompts or max(args.batch_sizes)]]
+    if max(args.batch_sizes) > len(questions):
+        parser.error(f"--batch-sizes {max(args.batch_sizes)} needs at least that many prompts, have "
+                     f"{len(questions)}: pass --dataset (e.g. mt-bench) and --num-prompts")
     # The engine's defaults unless asked otherwise: a user's configuration, not a tuned one.
     common = dict(model_path=args.model_path, random_seed=0)
     if args.context_length is not None:
@@ -114,6 +187,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **common, speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
             speculative_num_draft_tokens=block_size, speculative_token_map=args.speculative_token_map)
     prompts = chat_prompts(engines["NONE"].tokenizer, questions)
+    machines = []
+    if args.roofline:
+        from sgl_dflash.tools.bench_roofline import measure_machine
+
+        machines.append(measure_machine(jax.default_backend() != "cpu"))
 
     rows = []
     for batch_size in args.batch_sizes:
@@ -127,11 +205,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "speedup_vs_none": round(r["tokens_per_s"] / base["tokens_per_s"], 2),
                    "decode_steps": r["decode_steps"], "tokens": r["tokens"],
                    "identical_to_none": r["output_ids"] == base["output_ids"],
-                   "prefill_s": round(r["prefill_s"], 3), "decode_step_ms": round(r["decode_step_ms"], 2)}
+                   "prefill_s": round(r["prefill_s"], 3), "decode_step_ms": round(r["decode_step_ms"], 2),
+                   "decode_tokens_per_s": round(r["decode_tokens_per_s"], 1), "context": round(r["context"], 1)}
             if "tau" in r:
                 row["tau"] = round(r["tau"], 2)
                 row["step_ms"] = {k: round(v, 2) for k, v in r["step_ms"].items()}
             rows.append(row)
+
+    machine = None
+    if args.roofline:
+        machines.append(measure_machine(jax.default_backend() != "cpu"))
+        machine = {key: max(m[key] for m in machines) for key in ("read_bandwidth_gbs", "matmul_fp32_gflops")}
+        add_roofline(engines, rows, machine)
 
     header = f"{'config':<12} {'batch':>5} {'tok/s':>8} {'x NONE':>7} {'tau':>5} {'same':>5} {'step ms':>8}  split (ms): " + \
         " / ".join(PHASES + ("host_overhead",))
@@ -140,6 +225,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         split = " / ".join(f"{row['step_ms'][k]:.2f}" for k in PHASES + ("host_overhead",)) if "step_ms" in row else ""
         print(f"{row['config']:<12} {row['batch_size']:>5} {row['tokens_per_s']:>8.1f} {row['speedup_vs_none']:>7.2f} "
               f"{row.get('tau', 1.0):>5.2f} {str(row['identical_to_none']):>5} {row['decode_step_ms']:>8.2f}  {split}")
+    if machine is not None:
+        print(f"\nroofline: read bandwidth {machine['read_bandwidth_gbs']:.1f} GB/s, fp32 matmul "
+              f"{machine['matmul_fp32_gflops']:.0f} GFLOP/s (best of {len(machines)} readings in this run)")
+        print(f"{'config':<12} {'batch':>5} {'context':>7} {'step ms':>8} {'roofline':>8} {'x':>6} "
+              f"{'decode tok/s':>12} {'ceiling':>8}")
+        for row in rows:
+            print(f"{row['config']:<12} {row['batch_size']:>5} {row['context']:>7.0f} {row['decode_step_ms']:>8.2f} "
+                  f"{row['roofline_ms']:>8.2f} {row['step_over_roofline']:>6.2f} {row['decode_tokens_per_s']:>12.1f} "
+                  f"{row['roofline_tokens_per_s']:>8.1f}")
     server_args = engines["NONE"].server_args
     report = {
         "model_path": args.model_path, "draft_path": args.draft_path, "max_new_tokens": args.max_new_tokens,
@@ -149,10 +243,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                  "load_avg": os.getloadavg()},
         "results": rows,
     }
+    if machine is not None:
+        report["roofline_machine"] = {**machine, "readings": machines, "backend": jax.default_backend(),
+                                      "device": str(jax.devices()[0])}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.out}")
+    if machine is not None:
+        plot_path = os.path.splitext(args.out)[0] + ".png"
+        plot_roofline(rows, machine, plot_path)
+        print(f"wrote {plot_path}")
     return report
 
 

@@ -64,8 +64,10 @@ def measure_machine(on_gpu: bool) -> dict:
     return {"read_bandwidth_gbs": bandwidth, "matmul_fp32_gflops": peak, "bandwidth_bytes": nbytes, "matmul_n": n}
 
 
-def roofline(config, params_bytes: int, batch: int, k: int, context: int, machine: dict) -> dict:
-    """Bytes, FLOPs and the roofline time of one step (B sequences, K new tokens each)."""
+def roofline(config, params_bytes: int, batch: int, k: int, context: int, machine: dict,
+             extra_bytes: int = 0) -> dict:
+    """Bytes, FLOPs and the roofline time of one step (B sequences, K new tokens each);
+    `extra_bytes`: read besides the target's (a DFLASH step's drafter weights)."""
     L, H, D = config.num_hidden_layers, config.hidden_size, config.head_dim
     hq, hkv, inter, vocab = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size, config.vocab_size
     kv_token = 2 * L * hkv * D * 4
@@ -73,11 +75,17 @@ def roofline(config, params_bytes: int, batch: int, k: int, context: int, machin
     layer_matmul = H * (hq * D + 2 * hkv * D) + hq * D * H + 3 * H * inter
     flops = 2 * tokens * L * layer_matmul + 2 * logit_rows * vocab * H
     flops += 4 * L * hq * D * batch * (k * context + k * (k + 1) // 2)  # scores + weighted sum
-    nbytes = params_bytes + batch * context * kv_token + tokens * kv_token
+    nbytes = params_bytes + batch * context * kv_token + tokens * kv_token + extra_bytes
     memory_s = nbytes / (machine["read_bandwidth_gbs"] * 1e9)
     compute_s = flops / (machine["matmul_fp32_gflops"] * 1e9)
     return {"bytes": nbytes, "flops": flops, "roofline_ms": max(memory_s, compute_s) * 1e3,
             "bound": "memory" if memory_s >= compute_s else "compute"}
+
+
+def target_bytes(runner: TargetRunner) -> int:
+    """Bytes of the target's weights (a tied lm_head is one array, counted twice in the tree)."""
+    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params))
+    return nbytes - (runner.params["lm_head"].nbytes if runner.config.tie_word_embeddings else 0)
 
 
 # -- a plain dense JAX step (contiguous KV cache) ---------------------------------------------------
@@ -215,9 +223,7 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
                           max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers),
                           unroll_layers=unroll_layers, fuse_projections=fuse_projections)
     config = runner.config
-    params_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params))
-    if config.tie_word_embeddings:
-        params_bytes -= runner.params["lm_head"].nbytes  # one array, counted twice in the tree
+    params_bytes = target_bytes(runner)
     rng = np.random.default_rng(0)
     tables = [runner.allocator.allocate(i, context + 32) for i in range(max_batch)]
     for i in range(0, max_batch, 4):  # cache `context` tokens per sequence, 4 sequences a forward
