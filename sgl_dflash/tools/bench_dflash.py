@@ -134,8 +134,8 @@ def plot_roofline(rows: list[dict], machine: dict, path: str) -> None:
         ax.annotate(f"{r['step_over_roofline']:.1f}x", (i - 0.2, r["decode_step_ms"]), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("ms per decode step")
-    ax.set_title(f"Engine steps vs roofline ({machine['read_bandwidth_gbs']:.0f} GB/s, "
-                 f"{machine['matmul_fp32_gflops']:.0f} GFLOP/s measured in the same run)")
+    ax.set_title(f"Engine decode steps vs their roofline\n({machine['read_bandwidth_gbs']:.0f} GB/s read, "
+                 f"{machine['matmul_fp32_gflops']:.0f} GFLOP/s fp32, measured in the same run)", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
