@@ -2,6 +2,7 @@
 
     python -m sgl_dflash.tools.bench_dflash [--block-sizes 4 8 16] [--batch-sizes 1 4] [--max-new-tokens 128]
                                       [--context-length N] [--dataset mt-bench --num-prompts 32]
+                                      [--adaptive-bound 16]
                                       [--roofline] [--out bench_results/bench_dflash.json]
 
 Runs on the small generated pair (built on first use; see sgl_dflash.tools.tiny_pair), or on
@@ -90,6 +91,10 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
     if timings is not None:
         verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in outputs)
         result["tau"] = (tokens - len(outputs)) / max(1, verify_steps)  # the first token is the prefill's
+        if hasattr(worker, "policy"):  # adaptive: the drafts it verified per step, and its plain steps
+            metas = [o["meta_info"] for o in outputs]
+            result["mean_verify_len"] = sum(m["spec_mean_verify_len"] * m["spec_verify_ct"] for m in metas) / max(1, verify_steps)
+            result["no_spec_fraction"] = sum(m["spec_no_spec_fraction"] * m["spec_verify_ct"] for m in metas) / max(1, verify_steps)
         split = {phase: timings[phase] / steps * 1e3 for phase in PHASES}
         # Host overhead: the rest of a decode step (scheduling, page allocation, batching).
         split["host_overhead"] = result["decode_step_ms"] - sum(split.values())
@@ -106,6 +111,8 @@ def add_roofline(engines: dict[str, Engine], rows: list[dict], machine: dict) ->
     weights = target_bytes(runner)
     for row in rows:
         worker = engines[row["config"]].scheduler.worker
+        if hasattr(worker, "policy"):
+            continue  # adaptive: every step has its own verify lengths, no one roofline
         k, drafter = 1, 0
         if hasattr(worker, "proposer"):
             k = worker.block_size
@@ -158,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "instead of the demo questions")
     parser.add_argument("--num-prompts", type=int, default=None,
                         help="with --dataset: how many prompts (default: the largest batch size)")
+    parser.add_argument("--adaptive-bound", type=int, default=0, metavar="B",
+                        help="also an adaptive engine (--speculative-adaptive) with this upper bound, e.g. 16")
     parser.add_argument("--roofline", action="store_true",
                         help="measure bandwidth and matmul peak in the same run; each step vs its roofline")
     parser.add_argument("--out", default="bench_results/bench_dflash.json")
@@ -182,10 +191,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.max_running_requests is not None:
         common["max_running_requests"] = args.max_running_requests
     engines = {"NONE": Engine(**common)}
+    spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
+                speculative_token_map=args.speculative_token_map)
     for block_size in args.block_sizes:
-        engines[f"DFLASH-b{block_size}"] = Engine(
-            **common, speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
-            speculative_num_draft_tokens=block_size, speculative_token_map=args.speculative_token_map)
+        engines[f"DFLASH-b{block_size}"] = Engine(**common, **spec, speculative_num_draft_tokens=block_size)
+    if args.adaptive_bound:
+        engines["DFLASH-adaptive"] = Engine(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound,
+                                            speculative_adaptive=True)
     prompts = chat_prompts(engines["NONE"].tokenizer, questions)
     machines = []
     if args.roofline:
@@ -207,6 +219,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "identical_to_none": r["output_ids"] == base["output_ids"],
                    "prefill_s": round(r["prefill_s"], 3), "decode_step_ms": round(r["decode_step_ms"], 2),
                    "decode_tokens_per_s": round(r["decode_tokens_per_s"], 1), "context": round(r["context"], 1)}
+            for key in ("mean_verify_len", "no_spec_fraction"):
+                if key in r:
+                    row[key] = round(r[key], 3)
             if "tau" in r:
                 row["tau"] = round(r["tau"], 2)
                 row["step_ms"] = {k: round(v, 2) for k, v in r["step_ms"].items()}
@@ -218,20 +233,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         machine = {key: max(m[key] for m in machines) for key in ("read_bandwidth_gbs", "matmul_fp32_gflops")}
         add_roofline(engines, rows, machine)
 
-    header = f"{'config':<12} {'batch':>5} {'tok/s':>8} {'x NONE':>7} {'tau':>5} {'same':>5} {'step ms':>8}  split (ms): " + \
+    header = f"{'config':<15} {'batch':>5} {'tok/s':>8} {'x NONE':>7} {'tau':>5} {'same':>5} {'step ms':>8}  split (ms): " + \
         " / ".join(PHASES + ("host_overhead",))
     print(header)
     for row in rows:
         split = " / ".join(f"{row['step_ms'][k]:.2f}" for k in PHASES + ("host_overhead",)) if "step_ms" in row else ""
-        print(f"{row['config']:<12} {row['batch_size']:>5} {row['tokens_per_s']:>8.1f} {row['speedup_vs_none']:>7.2f} "
+        print(f"{row['config']:<15} {row['batch_size']:>5} {row['tokens_per_s']:>8.1f} {row['speedup_vs_none']:>7.2f} "
               f"{row.get('tau', 1.0):>5.2f} {str(row['identical_to_none']):>5} {row['decode_step_ms']:>8.2f}  {split}")
     if machine is not None:
         print(f"\nroofline: read bandwidth {machine['read_bandwidth_gbs']:.1f} GB/s, fp32 matmul "
               f"{machine['matmul_fp32_gflops']:.0f} GFLOP/s (best of {len(machines)} readings in this run)")
-        print(f"{'config':<12} {'batch':>5} {'context':>7} {'step ms':>8} {'roofline':>8} {'x':>6} "
+        print(f"{'config':<15} {'batch':>5} {'context':>7} {'step ms':>8} {'roofline':>8} {'x':>6} "
               f"{'decode tok/s':>12} {'ceiling':>8}")
-        for row in rows:
-            print(f"{row['config']:<12} {row['batch_size']:>5} {row['context']:>7.0f} {row['decode_step_ms']:>8.2f} "
+        for row in (r for r in rows if "roofline_ms" in r):
+            print(f"{row['config']:<15} {row['batch_size']:>5} {row['context']:>7.0f} {row['decode_step_ms']:>8.2f} "
                   f"{row['roofline_ms']:>8.2f} {row['step_over_roofline']:>6.2f} {row['decode_tokens_per_s']:>12.1f} "
                   f"{row['roofline_tokens_per_s']:>8.1f}")
     server_args = engines["NONE"].server_args
@@ -252,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"wrote {args.out}")
     if machine is not None:
         plot_path = os.path.splitext(args.out)[0] + ".png"
-        plot_roofline(rows, machine, plot_path)
+        plot_roofline([r for r in rows if "roofline_ms" in r], machine, plot_path)
         print(f"wrote {plot_path}")
     return report
 

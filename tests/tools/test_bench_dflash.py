@@ -16,7 +16,7 @@ def test_roofline_rows_json_and_plot(tmp_path):
     out = tmp_path / "bench.json"
     report = bench_dflash.main(["--model-path", pair.target_dir, "--draft-path", pair.draft_dir, "--block-sizes", "4",
                                 "--batch-sizes", "1", "2", "--max-new-tokens", "6", "--context-length", "128",
-                                "--roofline", "--out", str(out)])
+                                "--adaptive-bound", "4", "--roofline", "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["results"] == report["results"]
     assert (tmp_path / "bench.png").stat().st_size > 0
@@ -24,7 +24,11 @@ def test_roofline_rows_json_and_plot(tmp_path):
     assert len(machine["readings"]) == 2  # before and after the engines ran
     assert machine["read_bandwidth_gbs"] == max(m["read_bandwidth_gbs"] for m in machine["readings"])
     rows = {(r["config"], r["batch_size"]): r for r in saved["results"]}
-    assert set(rows) == {("NONE", 1), ("NONE", 2), ("DFLASH-b4", 1), ("DFLASH-b4", 2)}
+    assert set(rows) == {(c, b) for c in ("NONE", "DFLASH-b4", "DFLASH-adaptive") for b in (1, 2)}
+    for batch in (1, 2):  # adaptive: exact, what it verified, and no one roofline (its steps vary)
+        adaptive = rows.pop(("DFLASH-adaptive", batch))
+        assert adaptive["identical_to_none"] and "roofline_ms" not in adaptive
+        assert 0 <= adaptive["mean_verify_len"] <= 3 and 0 <= adaptive["no_spec_fraction"] <= 1
     for row in rows.values():
         assert row["identical_to_none"]
         assert row["roofline_ms"] > 0 and row["decode_tokens_per_s"] > 0 and row["context"] > 0
