@@ -31,6 +31,9 @@ def test_roofline_rows_json_and_plot(tmp_path):
         assert 0 <= adaptive["mean_verify_len"] <= 3 and 0 <= adaptive["no_spec_fraction"] <= 1
     for row in rows.values():
         assert row["identical_to_none"]
+        assert row["warm_tokens_per_s"] >= row["tokens_per_s"] and row["compiling_steps"] >= 0
+        if not row["compiling_steps"]:
+            assert row["compile_s"] == 0 and row["warm_tokens_per_s"] == row["tokens_per_s"]
         assert row["roofline_ms"] > 0 and row["decode_tokens_per_s"] > 0 and row["context"] > 0
         assert row["step_over_roofline"] == pytest.approx(row["decode_step_ms"] / row["roofline_ms"], rel=0.01)
     # A DFLASH step reads the drafter's weights besides the target's: a higher floor than a
