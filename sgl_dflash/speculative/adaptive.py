@@ -102,8 +102,13 @@ class RequestState:
     """A running request's part of the policy (the worker keeps one per slot)."""
 
     estimate: np.ndarray  # [P] its recent calibrated acceptance per position (before drafting)
+    mean: np.ndarray | None = None  # [P] the same, averaged over its whole life (slowly)
     bias: float = 0.0  # logit offset learned from its own outcomes
     idle: int = 0  # steps since it was last drafted
+
+    def __post_init__(self):
+        if self.mean is None:
+            self.mean = self.estimate.copy()
 
 
 def best_lengths(
@@ -160,7 +165,8 @@ class AdaptivePolicy:
     """Chooses per-request verify lengths (and the draft block) for a `DFlashWorker`'s decode steps."""
 
     def __init__(self, num_drafts: int, probe_every: int = 16, learning_rate: float = 0.25,
-                 estimate_decay: float = 0.5, cost_model: CostModel | None = None,
+                 estimate_decay: float = 0.5, mean_decay: float = 0.1, idle_relax: float = 0.25,
+                 cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
@@ -168,6 +174,11 @@ class AdaptivePolicy:
         self.probe_every = probe_every
         self.learning_rate = learning_rate
         self.estimate_decay = estimate_decay
+        # An undrafted request's estimate is not observed: each idle step it moves `idle_relax` of
+        # the way back to the request's long-run mean (`mean_decay`: that mean's EMA weight). One
+        # step of low confidence halves the estimate; without this it stayed there until the next
+        # probe, and gsm8k at one request ran half its steps plain where drafting 3 gained 1.4x.
+        self.mean_decay, self.idle_relax = mean_decay, idle_relax
         # Every `explore_every`-th step, what was never measured looks `explore_discount` times as
         # costly as predicted: a shape or draft block that may be better gets tried and measured.
         self.explore_every, self.explore_discount = explore_every, explore_discount
@@ -299,15 +310,15 @@ class AdaptivePolicy:
             state = self._state(slot)
             if not drafted[i]:
                 state.idle += 1
+                state.estimate += self.idle_relax * (state.mean - state.estimate)
                 continue
             state.idle = 0
             seen = min(int(accepted[i]) + 1, int(verified[i]))
             outcomes = (np.arange(seen) < accepted[i]).astype(np.float64)
-            if confidence is not None:
-                state.estimate[:limit] = ((1 - self.estimate_decay) * state.estimate[:limit]
-                                          + self.estimate_decay * alpha[i, :limit])
-            else:  # no confidences: the estimate follows the outcomes themselves
-                state.estimate[:seen] = (1 - self.estimate_decay) * state.estimate[:seen] + self.estimate_decay * outcomes
+            # What this step observed: the calibrated confidences, or without them the outcomes.
+            cells, observed = (slice(0, limit), alpha[i, :limit]) if confidence is not None else (slice(0, seen), outcomes)
+            state.estimate[cells] = (1 - self.estimate_decay) * state.estimate[cells] + self.estimate_decay * observed
+            state.mean[cells] = (1 - self.mean_decay) * state.mean[cells] + self.mean_decay * observed
             self.calibrator.observe(int(modes[i]), None if confidence is None else confidence[i], outcomes)
             if seen:
                 step = self.learning_rate * (outcomes - alpha[i, :seen]).sum()
