@@ -102,13 +102,9 @@ class RequestState:
     """A running request's part of the policy (the worker keeps one per slot)."""
 
     estimate: np.ndarray  # [P] its recent calibrated acceptance per position (before drafting)
-    mean: np.ndarray | None = None  # [P] the same, averaged over its whole life (slowly)
+    mean: np.ndarray  # [P] the same, averaged over its whole life (slowly)
     bias: float = 0.0  # logit offset learned from its own outcomes
     idle: int = 0  # steps since it was last drafted
-
-    def __post_init__(self):
-        if self.mean is None:
-            self.mean = self.estimate.copy()
 
 
 def best_lengths(
@@ -196,7 +192,8 @@ class AdaptivePolicy:
 
     # -- request lifecycle ----------------------------------------------------------------
     def add(self, slot: int, mode: int = GREEDY) -> None:
-        self.requests[slot] = RequestState(self.calibrator.position_means(mode))
+        estimate = self.calibrator.position_means(mode)
+        self.requests[slot] = RequestState(estimate, estimate.copy())
 
     def release(self, slot: int) -> None:
         self.requests.pop(slot, None)

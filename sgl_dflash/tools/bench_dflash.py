@@ -37,6 +37,7 @@ import jax
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode
 from sgl_dflash.tools import datasets
+from sgl_dflash.tools.bench_roofline import measure_machine, roofline, target_bytes
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
 from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
 
@@ -116,8 +117,6 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
 def add_roofline(engines: dict[str, Engine], rows: list[dict], machine: dict) -> None:
     """Each row's decode step against its roofline (see the module doc); `machine` as
     `bench_roofline.measure_machine` returns it."""
-    from sgl_dflash.tools.bench_roofline import roofline, target_bytes
-
     runner = engines["NONE"].scheduler.worker.runner
     weights = target_bytes(runner)
     for row in rows:
@@ -212,8 +211,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = chat_prompts(engines["NONE"].tokenizer, questions)
     machines = []
     if args.roofline:
-        from sgl_dflash.tools.bench_roofline import measure_machine
-
         machines.append(measure_machine(jax.default_backend() != "cpu"))
 
     rows = []
