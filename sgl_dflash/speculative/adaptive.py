@@ -164,7 +164,7 @@ class AdaptivePolicy:
                  estimate_decay: float = 0.5, mean_decay: float = 0.1, idle_relax: float = 0.25,
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
-                 refresh_every: int = 32):
+                 refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
@@ -185,6 +185,15 @@ class AdaptivePolicy:
         # and a reading inflated by a burst of load would keep the policy drafting. A step that
         # would draft runs plain instead when the plain shape's cost is this many steps old.
         self.refresh_every = refresh_every
+        # A drafted step must be expected to beat the plain step by `min_gain`: its prediction
+        # errs by a few percent (the plain step, read every step, does not), and at batch 8 and
+        # 32 a drafted step's gain is a few percent at best, so an edge of 1-2% was a coin toss
+        # that lost on average (it is chosen where its prediction is highest).
+        self.min_gain = min_gain
+        # A probe is drafted only if it is expected to lose at most `probe_slack` of the plain
+        # step's rate: where even a fair estimate would not pay (a large batch on a slow host),
+        # probing only wastes steps.
+        self.probe_slack = probe_slack
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         self.requests: dict[int, RequestState] = {}
@@ -211,14 +220,16 @@ class AdaptivePolicy:
     def plan_drafts(self, slots: Sequence[int]) -> DraftPlan:
         """The requests to draft this step and the draft block, by each request's recent
         acceptance: for each draft block, the best allocation of its drafts with the drafter's
-        cost added; none when no block pays for its drafter, except probes of long-idle requests
-        (drafted at the smallest block). The drafter's batch bucket is filled with the next most
-        promising requests (free)."""
+        cost added; none when no block beats the plain step
+        by `min_gain`, except probes of long-idle requests (at the block closest to paying, unless
+        even that loses more than `probe_slack`). The drafter's batch bucket is filled with the
+        next most promising requests (free)."""
         self.steps += 1
         n = len(slots)
         states = [self._state(s) for s in slots]
         gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1)
-        best_rate, best_k, block = n / self.step_cost(np.ones(n, np.int64)), np.zeros(n, np.int64), 0
+        plain_rate = n / self.step_cost(np.ones(n, np.int64))
+        best_rate, best_k, block = plain_rate * (1 + self.min_gain), np.zeros(n, np.int64), 0
         probe_block, probe_rate = self.blocks[0], 0.0  # the drafting block valued most, paying or not
         for b in self.blocks:
             draft_cost = self.draft_cost(n, b)
@@ -232,10 +243,13 @@ class AdaptivePolicy:
         chosen = best_k > 0
         probes = np.array([s.idle + 1 >= self.probe_every for s in states])
         if probes.any() and not block:
-            # Probes measure the block the plan would draft if the estimates were a little
-            # better: probing only the smallest block left the block a fixed B=4 won with (1.58
-            # tokens a step on MT-Bench at one request) unmeasured, and the probes lost.
-            block = probe_block
+            if probe_rate < (1 - self.probe_slack) * plain_rate:
+                probes[:] = False  # hopeless here: the idle estimates keep relaxing to their means
+            else:
+                # Probes measure the block the plan would draft if the estimates were a little
+                # better: probing only the smallest block left the block a fixed B=4 won with
+                # (1.58 tokens a step on MT-Bench at one request) unmeasured, and the probes lost.
+                block = probe_block
         chosen |= probes
         count = int(chosen.sum())
         if 0 < count < n:

@@ -87,9 +87,9 @@ def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests(
     slots = [0, 1, 2, 3]
     for slot in slots:
         policy.add(slot)
-    for _ in range(3):  # measured: 4 AR rows 0.1 s, 8 rows 0.2 s, drafting 0.05 s
+    for _ in range(3):  # measured: 4 AR rows 0.1 s, 8 rows 0.12 s, drafting 8 tokens 0.05 s
         policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
-        policy.cost.observe((4, 8, 2), 0.2, 4, 0.05, 0.0, draft_block=8)
+        policy.cost.observe((4, 8, 2), 0.12, 4, 0.05, 0.0, draft_block=8)
     for slot in slots:  # requests whose drafts are never accepted
         policy.requests[slot].estimate[:] = 0.05
     plan = policy.plan_drafts(slots)
@@ -97,8 +97,12 @@ def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests(
     for _ in range(3):
         policy.observe(slots, np.zeros(4, np.int64), np.zeros(4, bool), None, np.zeros(4), np.zeros(4))
     plan = policy.plan_drafts(slots)
-    assert plan.drafted.all() and plan.block == 2  # idle for probe_every steps: probed, at the cheapest block
+    # Idle for probe_every steps (their estimates relaxed towards 0.5): probed, at the block
+    # closest to paying (2: 5.2 tokens in 0.145 s, 0.9x the plain step's rate).
+    assert plan.drafted.all() and plan.block == 2
 
+    for slot in slots:  # (drafts that never pass: not even the verify's padding rows take them)
+        policy.requests[slot].estimate[:] = 0.0
     policy.requests[0].estimate[:] = 0.99  # one good request: drafted (its bucket of 1)
     policy.requests[0].idle = policy.requests[1].idle = policy.requests[2].idle = policy.requests[3].idle = 0
     policy.cost.observe((4, 8, 8), 0.1, 1, 0.001, 0.0, draft_block=8)
@@ -203,7 +207,7 @@ def test_a_stale_plain_cost_is_measured_again():
     """Drafting stops the plain step's cost from being measured: a reading inflated by a burst
     of load would keep the policy drafting. Every `refresh_every` steps a step that would draft
     runs plain; measured cheap, the policy stops drafting."""
-    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4)
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0)
     slots = [0, 1, 2, 3]
     for slot in slots:
         policy.add(slot)
@@ -230,7 +234,7 @@ def test_a_stale_plain_cost_is_measured_again():
             policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
     assert plans[6:] == [0] * 6
 
-    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4)
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0)
     for slot in slots:
         policy.add(slot)
         policy.requests[slot].estimate[:] = [0.5] + [0.1] * 6
@@ -248,7 +252,7 @@ def test_a_stale_drafted_cost_is_measured_again():
     chosen again, hence never measured again. Once its measurement is `stale_after` steps old,
     exploring steps try it, and the new measurement replaces the old ones (one fresh sample could
     not move a median of nine)."""
-    policy = AdaptivePolicy(num_drafts=7, explore_every=4, probe_every=1000, refresh_every=0)
+    policy = AdaptivePolicy(num_drafts=7, explore_every=4, probe_every=1000, refresh_every=0, min_gain=0.0)
     policy.cost.stale_after = 20
     slots = [0, 1, 2, 3]
     for slot in slots:
@@ -353,3 +357,43 @@ def test_an_idle_estimate_returns_to_the_requests_mean():
     assert 0.5 < relaxed.requests[0].mean[0] < 0.8  # and they moved the long-run mean a little
     assert 1 <= plain_steps_until_drafted(relaxed) <= 4
     assert plain_steps_until_drafted(policy_after_a_bad_step(0.0)) >= 14  # before: until the probe
+
+
+def policy_with_a_small_gain(min_gain: float) -> AdaptivePolicy:
+    """One request; drafting one draft (block 2) costs 1.4x a plain step and passes 1.47 times
+    in 2: expected 1.47 / 1.4 = 1.05x the plain step's tokens per second."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, refresh_every=0, probe_every=1000, min_gain=min_gain)
+    policy.add(0)
+    policy.requests[0].estimate[:] = [0.47] + [0.01] * 6
+    for _ in range(3):
+        policy.cost.observe((1, 2, 1), 0.020, 0, 0.0, 0.0)
+        policy.cost.observe((1, 2, 2), 0.020, 1, 0.008, 0.0, draft_block=2)
+        policy.cost.observe((1, 4, 4), 0.030, 1, 0.012, 0.0, draft_block=4)
+        policy.cost.observe((1, 8, 8), 0.040, 1, 0.016, 0.0, draft_block=8)
+    return policy
+
+
+def test_drafting_must_beat_the_plain_step_by_a_margin():
+    """A predicted gain smaller than the predictions' error is a coin toss that loses on average
+    (batch 8 and 32 on this CPU): below `min_gain` the step runs plain."""
+    assert policy_with_a_small_gain(0.0).plan_drafts([0]).block == 2
+    assert policy_with_a_small_gain(0.03).plan_drafts([0]).block == 2
+    assert policy_with_a_small_gain(0.08).plan_drafts([0]).block == 0
+
+
+def test_hopeless_probes_are_not_run():
+    """Where drafting loses even at a request's fair estimate (a large batch on a slow host), a
+    long-idle request is not probed: the probe would only waste a step."""
+    def probe_plan(draft_s):
+        policy = AdaptivePolicy(num_drafts=7, probe_every=2, explore_every=0, refresh_every=0)
+        policy.add(0)
+        policy.requests[0].estimate[:] = 0.3
+        for _ in range(3):
+            policy.cost.observe((1, 2, 1), 0.020, 0, 0.0, 0.0)
+            policy.cost.observe((1, 2, 2), 0.022, 1, draft_s, 0.0, draft_block=2)
+        assert policy.plan_drafts([0]).block == 0
+        policy.observe([0], np.zeros(1, np.int64), np.zeros(1, bool), None, np.zeros(1), np.zeros(1))
+        return policy.plan_drafts([0])
+
+    assert probe_plan(0.010).block == 2  # 1.3 tokens in 0.032 s: 0.81x the plain rate, probed
+    assert probe_plan(0.030).block == 0  # 1.3 tokens in 0.052 s: 0.5x, not
