@@ -15,12 +15,14 @@ NONE's (exit status 1 if not).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
 from pathlib import Path
 
 from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.speculative.adaptive import AdaptivePolicy
 from sgl_dflash.tools import datasets, model_import
 from sgl_dflash.tools.demo import DEFAULT_DRAFTER, chat_prompts, use_compilation_cache
 
@@ -33,9 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--datasets", nargs="+", default=["gsm8k", "mt-bench"])
     parser.add_argument("--old", nargs="*", default=["min_gain=0", "probe_slack=1"],
-                        help="AdaptivePolicy attributes of the 'old' engine, name=value")
+                        help="AdaptivePolicy settings (its constructor's arguments) of the 'old' engine, name=value")
     parser.add_argument("--out", default="bench_results/ab_adaptive.json")
     args = parser.parse_args(argv)
+    old_settings = parse_settings(parser, args.old)
 
     use_compilation_cache()
     if args.model_path is None:
@@ -46,12 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     engines = {"NONE": Engine(model_path=args.model_path, random_seed=0),
                "old": Engine(model_path=args.model_path, random_seed=0, **spec),
                "new": Engine(model_path=args.model_path, random_seed=0, **spec)}
-    old_policy = engines["old"].scheduler.worker.policy
-    for setting in args.old:
-        name, value = setting.split("=")
-        if not hasattr(old_policy, name):
-            parser.error(f"--old {setting}: AdaptivePolicy has no attribute {name!r}")
-        setattr(old_policy, name, type(getattr(old_policy, name))(float(value)))
+    for name, value in old_settings.items():
+        setattr(engines["old"].scheduler.worker.policy, name, value)
 
     params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens}
     names, rows, exact = list(engines), [], True
@@ -81,6 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps({"old": args.old, "num_prompts": args.num_prompts,
                                           "max_new_tokens": args.max_new_tokens, "rows": rows}, indent=1))
     return 0 if exact else 1
+
+
+def parse_settings(parser: argparse.ArgumentParser, settings: list[str]) -> dict[str, float | int]:
+    """name=value pairs naming numeric arguments of AdaptivePolicy (checked before any model loads)."""
+    defaults = {name: p.default for name, p in inspect.signature(AdaptivePolicy).parameters.items()
+                if isinstance(p.default, (int, float)) and not isinstance(p.default, bool)}
+    parsed = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if name not in defaults:
+            parser.error(f"--old {setting!r}: not a numeric AdaptivePolicy setting; one of {sorted(defaults)}")
+        try:
+            parsed[name] = type(defaults[name])(float(value))
+        except ValueError:
+            parser.error(f"--old {setting!r}: {value!r} is not a number")
+    return parsed
 
 
 if __name__ == "__main__":
