@@ -220,10 +220,10 @@ class AdaptivePolicy:
     def plan_drafts(self, slots: Sequence[int]) -> DraftPlan:
         """The requests to draft this step and the draft block, by each request's recent
         acceptance: for each draft block, the best allocation of its drafts with the drafter's
-        cost added; none when no block beats the plain step
-        by `min_gain`, except probes of long-idle requests (at the block closest to paying, unless
-        even that loses more than `probe_slack`). The drafter's batch bucket is filled with the
-        next most promising requests (free)."""
+        cost added; none when no block beats the plain step by `min_gain`, except probes of
+        long-idle requests (at the block closest to paying, unless even that loses more than
+        `probe_slack`). The drafter's batch bucket is filled with the next most promising
+        requests (free)."""
         self.steps += 1
         n = len(slots)
         states = [self._state(s) for s in slots]
