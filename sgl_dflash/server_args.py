@@ -37,6 +37,9 @@ class ServerArgs:
     # Hot-token map (SGLang's FR-Spec flag): the drafter's argmax runs over these token ids only.
     speculative_token_map: str | None = None
     random_seed: int = 0
+    # JAX's persistent compilation cache (sgl_dflash/compilation_cache.py): None = the default
+    # directory ($SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/...), "none" = off.
+    compilation_cache_dir: str | None = None
     # Scale-out (docs/scale.md), SGLang's flags: tensor parallel = the target's params and KV pages
     # sharded over tp_size devices (jax_backend/sharding.py); data parallel = dp_size servers behind
     # sglang-router (launch_server only: sgl_dflash/entrypoints/data_parallel.py).
@@ -210,6 +213,10 @@ class ServerArgs:
         add("--speculative-token-map", default=None,
             help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
         add("--random-seed", type=int, default=d["random_seed"].default)
+        add("--compilation-cache-dir", default=None,
+            help="JAX's persistent compilation cache: compiled programs are kept here and loaded by later "
+                 "runs (default: $SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/"
+                 "jax_compilation_cache; 'none' turns it off)")
         add("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default, dest="tp_size",
             help="tensor parallel: shard the target over this many devices (it must divide the KV heads)")
         add("--dp-size", "--data-parallel-size", type=int, default=d["dp_size"].default, dest="dp_size",

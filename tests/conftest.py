@@ -49,6 +49,8 @@ def pytest_configure(config):
     import jax
 
     cache_dir = tempfile.mkdtemp(prefix="sgl_dflash_jax_cache_")
+    # Servers the tests launch as subprocesses share it too (instead of the user's ~/.cache).
+    os.environ["SGL_DFLASH_COMPILATION_CACHE_DIR"] = cache_dir
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -137,10 +137,12 @@ class JaxTpModelWorker(TpModelWorker):
     def _init_model_runner(self):
         if self.is_draft_worker:  # not ours: our DFLASH drafter is not an SGLang draft model
             return super()._init_model_runner()
+        from sgl_dflash import compilation_cache
         from sgl_dflash.model_executor.target_worker import TargetWorker
         from sgl_dflash.speculative.dflash_worker import DFlashWorker
 
         args = dflash_server_args(self.server_args, context_length=self.model_config.context_len)
+        compilation_cache.enable(args.compilation_cache_dir)  # SGLang has no flag: $SGL_DFLASH_COMPILATION_CACHE_DIR
         # One JAX target for both roles: with DFLASH it records the drafter's aux layers.
         self.engine = DFlashWorker(args) if args.speculative_algorithm == "DFLASH" else TargetWorker(args)
         self.tokens_per_step = getattr(self.engine, "tokens_per_step", 1)

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from sgl_dflash import compilation_cache
 from sgl_dflash.errors import InvalidRequestError
 from sgl_dflash.managers.detokenizer_manager import IncrementalDetokenizer
 from sgl_dflash.managers.schedule_batch import Req, ScheduleBatch
@@ -41,6 +42,7 @@ class Scheduler:
     def __init__(self, server_args: ServerArgs):
         self.server_args = server_args.check()
         logging.getLogger("sgl_dflash").setLevel(server_args.log_level.upper())
+        self.compilation_cache_dir = compilation_cache.enable(server_args.compilation_cache_dir)
         self.algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
             server_args.resolved_tokenizer_path
