@@ -40,6 +40,10 @@ class ServerArgs:
     # JAX's persistent compilation cache (sgl_dflash/compilation_cache.py): None = the default
     # directory ($SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/...), "none" = off.
     compilation_cache_dir: str | None = None
+    # Adaptive DFLASH compiles every verify shape and draft program its policy can choose before
+    # serving (speculative/precompile.py). SGLang-JAX's flag; $SGL_DFLASH_DISABLE_PRECOMPILE=1 too.
+    disable_precompile: bool = dataclasses.field(
+        default_factory=lambda: os.environ.get("SGL_DFLASH_DISABLE_PRECOMPILE", "0") not in ("", "0"))
     # Scale-out (docs/scale.md), SGLang's flags: tensor parallel = the target's params and KV pages
     # sharded over tp_size devices (jax_backend/sharding.py); data parallel = dp_size servers behind
     # sglang-router (launch_server only: sgl_dflash/entrypoints/data_parallel.py).
@@ -213,6 +217,9 @@ class ServerArgs:
         add("--speculative-token-map", default=None,
             help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
         add("--random-seed", type=int, default=d["random_seed"].default)
+        add("--disable-precompile", action="store_true", default=None,
+            help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "
+                 "startup (a shorter startup, stalls while serving)")
         add("--compilation-cache-dir", default=None,
             help="JAX's persistent compilation cache: compiled programs are kept here and loaded by later "
                  "runs (default: $SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/"
@@ -236,7 +243,9 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+        # A flag left out (None) keeps the field's default (e.g. one read from the environment).
+        return cls(**{name: getattr(args, name) for name in names
+                      if hasattr(args, name) and not (name == "disable_precompile" and args.disable_precompile is None)})
 
 
 def _require_int(value: Any, flag: str, *, minimum: int) -> None:

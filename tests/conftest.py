@@ -51,6 +51,9 @@ def pytest_configure(config):
     cache_dir = tempfile.mkdtemp(prefix="sgl_dflash_jax_cache_")
     # Servers the tests launch as subprocesses share it too (instead of the user's ~/.cache).
     os.environ["SGL_DFLASH_COMPILATION_CACHE_DIR"] = cache_dir
+    # Adaptive engines skip the startup sweep (dozens of programs per engine); its own tests turn
+    # it on (tests/speculative/test_precompile.py).
+    os.environ["SGL_DFLASH_DISABLE_PRECOMPILE"] = "1"
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

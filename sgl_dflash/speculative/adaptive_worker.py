@@ -28,6 +28,7 @@ import numpy as np
 from jax_backend import SeqInput, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.model_executor.forward_batch_info import GenerationBatchResult, ModelWorkerBatch, SamplingBatchInfo
+from sgl_dflash.speculative import precompile
 from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy
 from sgl_dflash.speculative.cost_model import step_shape
 from sgl_dflash.speculative.dflash_worker import DFlashWorker, _draw
@@ -39,6 +40,11 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy = AdaptivePolicy(self.block_size - 1)
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2
+        # A cached prefix in the first context bucket (target pages and drafter window: 256), that
+        # fits the context and the KV pool.
+        room = min(server_args.context_length, self.allocator.num_free_pages * self.allocator.page_size)
+        if not server_args.disable_precompile and room > self.block_size:
+            precompile.sweep(self, context=min(192, room - self.block_size))
 
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         result = super().forward_extend(batch)
