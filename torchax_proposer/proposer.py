@@ -53,9 +53,7 @@ class DFlashProposer:
     min_prefill_rows = 32
     prefill_chunk = 256
     # Smallest cache window read by a draft; windows grow by powers of two up to max_context_len.
-    # 256 = the target's first attention chunk: one context bucket for both (the adaptive worker's
-    # startup sweep compiles that one; at 128, contexts under 128 tokens needed programs of their own).
-    min_read_len = 256
+    min_read_len = 128
 
     def __init__(self, draft_dir: str | Path, *, target_embed: Any, target_lm_head: Any, target_config: dict[str, Any],
                  max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",

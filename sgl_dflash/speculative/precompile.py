@@ -7,10 +7,10 @@ met them while serving stalled a step for each (1-5 s on a CPU): 13 of a 27 s fi
 8 (docs/adaptive.md). SGLang captures its CUDA graphs per batch size at startup for the same
 reason. With the persistent compilation cache a later startup mostly loads them.
 
-How: dummy sequences whose target pages are the scratch page 0 (every write lands there, nothing
-real is read) and drafter sequences added with zero features, then released. Only greedy
-programs at one context bucket are swept (`context` tokens of cached prefix); sampling modes,
-longer contexts and prefill shapes still compile when first met.
+How: dummy sequences sharing one allocated page table (freed afterwards) and drafter sequences
+added with zero features, then released. Only greedy programs of the target's first context
+bucket (256 tokens: `context` tokens of cached prefix; the drafter's windows of 128 and 256) are
+swept; sampling modes, longer contexts and prefill shapes still compile when first met.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, step_shape
 
 
 _SWEEP_ID = "precompile"
+_SHORT_ID = ("precompile", "short")
 
 
 def verify_shapes(max_requests: int, max_block: int) -> list[tuple[int, int, int]]:
@@ -43,9 +44,9 @@ def verify_shapes(max_requests: int, max_block: int) -> list[tuple[int, int, int
 def sweep(worker: Any, *, context: int, progress: bool = True) -> int:
     """Runs, on `worker` (an AdaptiveDFlashWorker with no requests), every verify shape with the
     drafter's commit of its features (the pending-row write; per batch bucket also the flush that
-    plain steps in a row end in) and every draft program (batch bucket x draft block); the
-    policy's cost model learns they are compiled. Returns the number of verify shapes and draft
-    programs."""
+    plain steps in a row end in) and every draft program (batch bucket x draft block, at both
+    drafter windows); the policy's cost model learns they are compiled. Returns the number of
+    verify shapes and (batch bucket, block) draft keys."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
@@ -54,6 +55,9 @@ def sweep(worker: Any, *, context: int, progress: bool = True) -> int:
     # freed afterwards; a sequence never reads a position it has not written).
     pages = worker.allocator.allocate(_SWEEP_ID, context + block)
     features = np.zeros((context, proposer.num_features), np.float32)
+    # The drafter's window has two buckets inside the target's first one (128 and 256 tokens):
+    # drafts run for the `context` prefix and for a short one.
+    short_features = features[: min(context, proposer.min_read_len // 2)]
     bar = tqdm(total=len(shapes) + len(drafts), desc="precompiling adaptive steps", disable=not progress)
     try:
         for shape in shapes:
@@ -61,30 +65,40 @@ def sweep(worker: Any, *, context: int, progress: bool = True) -> int:
             out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
                                 block_size=max(2, shape[2]))
             ids = [(_SWEEP_ID, i) for i in range(len(lens))]
-            for seq_id in ids:
-                proposer.add(seq_id, features)
-            try:
-                nothing = np.zeros(len(ids), np.int64)
-                proposer.commit_block(ids, nothing, out.features)
-                first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
-                if first_of_bucket:  # plain steps in a row until the pending rows flush
-                    for _ in range(proposer.pending_bucket):
-                        proposer.commit_block(ids, nothing, out.features)
+            first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
+            _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
+            if first_of_bucket:  # the same drafts for sequences of a short context
+                _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))], short_features,
+                                  out.features, flush_and_draft=True)
                 for b in policy.blocks:
-                    if (shape[0], b) in drafts:
-                        proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
-                        drafts.discard((shape[0], b))
-                        policy.cost.compiled_draft.add((shape[0], b))
-                        bar.update()
-            finally:
-                for seq_id in ids:
-                    proposer.release(seq_id)
+                    drafts.discard((shape[0], b))
+                    policy.cost.compiled_draft.add((shape[0], b))
+                    bar.update()
             policy.cost.compiled_verify.add(shape)
             bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)
         bar.close()
     return len(shapes) + len(policy.blocks) * len(_powers_up_to(bucket(proposer.max_num_seqs)))
+
+
+def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, verified: Any, *,
+                      flush_and_draft: bool) -> None:
+    """Adds `ids` with `context_features`, commits the verify step's features (a plain step); with
+    `flush_and_draft`, also the plain steps in a row that end in a flush of the pending rows, and a
+    draft of every block; then releases them."""
+    proposer = worker.proposer
+    for seq_id in ids:
+        proposer.add(seq_id, context_features)
+    try:
+        nothing = np.zeros(len(ids), np.int64)
+        for _ in range(1 + (proposer.pending_bucket if flush_and_draft else 0)):
+            proposer.commit_block(ids, nothing, verified)
+        for b in worker.policy.blocks if flush_and_draft else ():
+            proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
+    finally:
+        for seq_id in ids:
+            proposer.release(seq_id)
 
 
 def _powers_up_to(n: int) -> list[int]:
