@@ -42,8 +42,7 @@ class ServerArgs:
     compilation_cache_dir: str | None = None
     # Adaptive DFLASH compiles every verify shape and draft program its policy can choose before
     # serving (speculative/precompile.py). SGLang-JAX's flag; $SGL_DFLASH_DISABLE_PRECOMPILE=1 too.
-    disable_precompile: bool = dataclasses.field(
-        default_factory=lambda: os.environ.get("SGL_DFLASH_DISABLE_PRECOMPILE", "0") not in ("", "0"))
+    disable_precompile: bool = dataclasses.field(default_factory=lambda: _precompile_disabled_by_env())
     # Scale-out (docs/scale.md), SGLang's flags: tensor parallel = the target's params and KV pages
     # sharded over tp_size devices (jax_backend/sharding.py); data parallel = dp_size servers behind
     # sglang-router (launch_server only: sgl_dflash/entrypoints/data_parallel.py).
@@ -217,7 +216,7 @@ class ServerArgs:
         add("--speculative-token-map", default=None,
             help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
         add("--random-seed", type=int, default=d["random_seed"].default)
-        add("--disable-precompile", action="store_true", default=None,
+        add("--disable-precompile", action="store_true", default=_precompile_disabled_by_env(),
             help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "
                  "startup (a shorter startup, stalls while serving)")
         add("--compilation-cache-dir", default=None,
@@ -243,9 +242,11 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         names = [f.name for f in dataclasses.fields(cls)]
-        # A flag left out (None) keeps the field's default (e.g. one read from the environment).
-        return cls(**{name: getattr(args, name) for name in names
-                      if hasattr(args, name) and not (name == "disable_precompile" and args.disable_precompile is None)})
+        return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def _precompile_disabled_by_env() -> bool:
+    return os.environ.get("SGL_DFLASH_DISABLE_PRECOMPILE", "0") not in ("", "0")
 
 
 def _require_int(value: Any, flag: str, *, minimum: int) -> None:

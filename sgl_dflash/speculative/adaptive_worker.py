@@ -40,8 +40,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy = AdaptivePolicy(self.block_size - 1)
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2
-        # A cached prefix in the first context bucket (target pages and drafter window: 256), that
-        # fits the context and the KV pool.
+        # A cached prefix in the target's first context bucket (256 tokens) that fits the context
+        # and the KV pool.
         room = min(server_args.context_length, self.allocator.num_free_pages * self.allocator.page_size)
         if not server_args.disable_precompile and room > self.block_size:
             precompile.sweep(self, context=min(192, room - self.block_size))

@@ -1,8 +1,8 @@
 """The adaptive worker's startup sweep: compile, before the first request, every program its policy
 can choose at a request's first context bucket.
 
-Why: the policy picks ragged verify shapes (S sequences, T rows, Q longest block: 46 of them up to
-32 requests) and draft programs (drafter batch x draft block 2, 4, .. B). A fresh engine that
+Why: the policy picks ragged verify shapes (S sequences, T rows, Q longest block: 47 of them up to
+32 requests at B=8) and draft programs (drafter batch x draft block 2, 4, .. B). A fresh engine that
 met them while serving stalled a step for each (1-5 s on a CPU): 13 of a 27 s first pass at batch
 8 (docs/adaptive.md). SGLang captures its CUDA graphs per batch size at startup for the same
 reason. With the persistent compilation cache a later startup mostly loads them.
@@ -41,12 +41,11 @@ def verify_shapes(max_requests: int, max_block: int) -> list[tuple[int, int, int
     return shapes
 
 
-def sweep(worker: Any, *, context: int, progress: bool = True) -> int:
+def sweep(worker: Any, *, context: int, progress: bool = True) -> None:
     """Runs, on `worker` (an AdaptiveDFlashWorker with no requests), every verify shape with the
     drafter's commit of its features (the pending-row write; per batch bucket also the flush that
     plain steps in a row end in) and every draft program (batch bucket x draft block, at both
-    drafter windows); the policy's cost model learns they are compiled. Returns the number of
-    verify shapes and (batch bucket, block) draft keys."""
+    drafter windows); the policy's cost model learns they are compiled."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
@@ -79,7 +78,6 @@ def sweep(worker: Any, *, context: int, progress: bool = True) -> int:
     finally:
         worker.allocator.free(_SWEEP_ID)
         bar.close()
-    return len(shapes) + len(policy.blocks) * len(_powers_up_to(bucket(proposer.max_num_seqs)))
 
 
 def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, verified: Any, *,
