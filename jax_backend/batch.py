@@ -91,8 +91,8 @@ def build_batch(
     max_seqs = bucket(len(seqs), min_seqs)
     num_rows = bucket(sum(n_logits))
     max_q_len = min(bucket(max(q_lens)), num_tokens)
-    longest_prefix = max(s.start_pos for s in seqs)
-    width = min(pages_per_seq, bucket(-(-longest_prefix // page_size), min_pages)) if longest_prefix else 0
+    width = context_pages(max(s.start_pos for s in seqs), page_size=page_size, pages_per_seq=pages_per_seq,
+                          min_pages=min_pages)
 
     tokens = np.zeros(num_tokens, np.int32)
     positions = np.zeros(num_tokens, np.int32)
@@ -127,6 +127,15 @@ def build_batch(
     )
     layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
     return batch, layout
+
+
+def context_pages(longest_prefix: int, *, page_size: int, pages_per_seq: int, min_pages: int = 1) -> int:
+    """The page table's width W of a batch whose longest cached prefix is `longest_prefix` tokens:
+    its pages rounded up to a power of two (at least `min_pages`, at most `pages_per_seq`; 0 when
+    nothing is cached). A static shape: each width is a compiled program of its own."""
+    if not longest_prefix:
+        return 0
+    return min(pages_per_seq, bucket(-(-longest_prefix // page_size), min_pages))
 
 
 def _check(i: int, seq: SeqInput, page_size: int, pages_per_seq: int) -> None:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import model, sampling, sharding, steps
-from jax_backend.batch import BatchError, SeqInput, build_batch
+from jax_backend.batch import BatchError, SeqInput, build_batch, context_pages
 from jax_backend.config import TargetConfig
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.loader import load_target
@@ -326,6 +326,12 @@ class TargetRunner:
         spans = tuple(slice(start, start + q) for start, q in zip(layout.token_starts, layout.q_lens))
         return AuxRows([features[span] for span in spans], aux, spans)
 
+    def context_pages(self, start_positions: Sequence[int]) -> int:
+        """The page table width (a compiled shape's dimension) of a batch whose sequences start at
+        `start_positions`: steps in the same width share compiled programs."""
+        return context_pages(max(start_positions, default=0), page_size=self.page_size,
+                             pages_per_seq=self.pages_per_seq, min_pages=self._min_pages)
+
     def _batch(self, seqs: Sequence[SeqInput]):
         if len(seqs) > self.max_num_seqs:
             raise BatchError(f"{len(seqs)} sequences exceed max_num_seqs {self.max_num_seqs}")
@@ -345,8 +351,12 @@ class TargetRunner:
         # pads its scatter instead.
         return build_batch(
             seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq,
-            min_pages=max(1, DEFAULT_CHUNK_TOKENS // self.page_size),
+            min_pages=self._min_pages,
         )
+
+    @property
+    def _min_pages(self) -> int:
+        return max(1, DEFAULT_CHUNK_TOKENS // self.page_size)
 
 
 def _per_row(rows: int, repeat: int, temperature, top_p, top_k) -> tuple[np.ndarray, ...]:

@@ -178,8 +178,9 @@ class AdaptivePolicy:
         # Every `explore_every`-th step, what was never measured looks `explore_discount` times as
         # costly as predicted: a shape or draft block that may be better gets tried and measured.
         self.explore_every, self.explore_discount = explore_every, explore_discount
-        # A shape never run costs a compile, spread over the steps to come (at least this many;
-        # a server that has run N steps is taken to run N more).
+        # A shape never run at this context costs a compile, spread over the steps to come (at
+        # least this many; a server that has run N steps at this page-table width is taken to
+        # run N more there).
         self.compile_horizon = compile_horizon
         # The plain step's cost is only measured by plain steps: while drafting pays it is not,
         # and a reading inflated by a burst of load would keep the policy drafting. A step that
@@ -307,7 +308,9 @@ class AdaptivePolicy:
         return seconds if compiled else seconds + self._compile_share()
 
     def _compile_share(self) -> float:
-        return self.cost.compile_s / max(self.compile_horizon, self.steps)
+        # Steps to come at this context are guessed as those run there so far: a server long at
+        # a width amortizes a compile there, a batch that just crossed into a new one does not.
+        return self.cost.compile_s / max(self.compile_horizon, self.cost.steps_here())
 
     # -- learning -------------------------------------------------------------------------
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,

@@ -64,7 +64,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
         compiled = self._compilations()
         t0 = time.perf_counter()
 
-        # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes), `block` tokens.
+        # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes), `block` tokens,
+        # knowing what is compiled at this context (the target's page-table width, the drafter's
+        # window).
+        self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(slots))
         plan = self.policy.plan_drafts(slots)
         drafted, block = plan.drafted, plan.block
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request

@@ -58,20 +58,23 @@ def sweep(worker: Any, *, context: int, progress: bool = True) -> None:
     # drafts run for the `context` prefix and for a short one.
     short_features = features[: min(context, proposer.min_read_len // 2)]
     bar = tqdm(total=len(shapes) + len(drafts), desc="precompiling adaptive steps", disable=not progress)
+    policy.cost.at(runner.context_pages([context]), 0)
     try:
+        _drafter_prefills(proposer)
         for shape in shapes:
             lens = _lens_for(*shape, block)
             out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
                                 block_size=max(2, shape[2]))
             ids = [(_SWEEP_ID, i) for i in range(len(lens))]
             first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
-            _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
+            windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
             if first_of_bucket:  # the same drafts for sequences of a short context
-                _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))], short_features,
-                                  out.features, flush_and_draft=True)
+                windows += _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))], short_features,
+                                             out.features, flush_and_draft=True)
                 for b in policy.blocks:
                     drafts.discard((shape[0], b))
-                    policy.cost.compiled_draft.add((shape[0], b))
+                    for window in windows:
+                        policy.cost.drafts_compiled_at(window).add((shape[0], b))
                     bar.update()
             policy.cost.compiled_verify.add(shape)
             bar.update()
@@ -80,11 +83,21 @@ def sweep(worker: Any, *, context: int, progress: bool = True) -> None:
         bar.close()
 
 
+def _drafter_prefills(proposer: Any) -> None:
+    """A prompt's features go to the drafter in chunks of every power-of-two size up to its
+    prefill chunk: one program each (0.5 s of a first batch of 8 prompts compiled them)."""
+    rows = max(proposer.pending_bucket, proposer.min_prefill_rows)
+    while rows <= proposer.prefill_chunk:
+        proposer.add(_SWEEP_ID, np.zeros((rows, proposer.num_features), np.float32))
+        proposer.release(_SWEEP_ID)
+        rows *= 2
+
+
 def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, verified: Any, *,
-                      flush_and_draft: bool) -> None:
+                      flush_and_draft: bool) -> list[int]:
     """Adds `ids` with `context_features`, commits the verify step's features (a plain step); with
     `flush_and_draft`, also the plain steps in a row that end in a flush of the pending rows, and a
-    draft of every block; then releases them."""
+    draft of every block; then releases them. Returns the drafter windows drafted at."""
     proposer = worker.proposer
     for seq_id in ids:
         proposer.add(seq_id, context_features)
@@ -92,8 +105,12 @@ def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, veri
         nothing = np.zeros(len(ids), np.int64)
         for _ in range(1 + (proposer.pending_bucket if flush_and_draft else 0)):
             proposer.commit_block(ids, nothing, verified)
-        for b in worker.policy.blocks if flush_and_draft else ():
+        if not flush_and_draft:
+            return []
+        window = proposer.read_len(ids)
+        for b in worker.policy.blocks:
             proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
+        return [window]
     finally:
         for seq_id in ids:
             proposer.release(seq_id)

@@ -168,9 +168,28 @@ def test_a_shape_never_run_pays_for_its_compile():
     predicted = policy.cost.draft(4, 4)
     policy.steps = 5  # not an exploring step
     assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 64)  # a young server: 64 steps
-    policy.steps = 641
+    while policy.cost.steps_here() < 641:
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
     assert policy.draft_cost(4, 4) == pytest.approx(predicted + 30.0 / 641)  # ran N steps: N more
     assert policy.draft_cost(4, 8) == pytest.approx(policy.cost.draft(4, 8))  # compiled: no share
+
+
+def test_programs_compile_per_context_and_a_new_context_is_young():
+    """A verify shape is compiled per page-table width and a draft per drafter window: at a
+    context never run, nothing is compiled, and the steps run at other widths do not amortize
+    its compiles (a batch that just crossed into it may leave it soon)."""
+    policy = exploring_policy(compile_s=30.0)
+    for _ in range(700):
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    policy.steps = 5
+    assert policy.draft_cost(4, 8) == pytest.approx(policy.cost.draft(4, 8))
+    policy.cost.at(32, 512)
+    assert policy.cost.compiled_verify == set() and policy.cost.compiled_draft == set()
+    assert policy.draft_cost(4, 8) == pytest.approx(policy.cost.draft(4, 8) + 30.0 / 64)
+    policy.cost.compiled_verify.add((4, 4, 1))  # a plain step ran here: drafting would compile
+    assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [0, 0, 0, 0]
+    policy.cost.at(0, 0)  # back where they ran: compiled, and drafting pays
+    assert (4, 8) in policy.cost.compiled_draft and policy.plan_drafts(range(4)).block == 8
 
 
 def test_a_long_running_server_explores_a_shape_never_compiled():
@@ -181,6 +200,7 @@ def test_a_long_running_server_explores_a_shape_never_compiled():
     policy.cost.compiled_verify.discard((4, 16, 4))
     policy.cost.compiled_draft.discard((4, 4))
     policy.steps = 4000
+    policy.cost._steps_at[policy.cost.width] = 4000  # (as many observed would make the readings stale)
     blocks = [policy.plan_drafts(range(4)).block for _ in range(4)]
     assert blocks == [8, 8, 8, 4]  # step 4004 explores (explore_every=4), compiling the block of 4
     policy.cost.observe((4, 16, 4), 0.25, 4, 0.01, 0.0, draft_block=4)

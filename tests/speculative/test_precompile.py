@@ -3,6 +3,7 @@ policy can choose, and afterwards serving in the first context bucket compiles n
 
 import numpy as np
 
+from jax_backend.batch import bucket
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.speculative.cost_model import step_shape
 from sgl_dflash.speculative.precompile import _lens_for, verify_shapes
@@ -31,8 +32,11 @@ def test_a_precompiled_adaptive_engine_compiles_no_decode_step(engine_kwargs, tr
                     speculative_adaptive=True, disable_precompile=False)
     worker = engine.scheduler.worker
     policy = worker.policy
-    assert policy.cost.compiled_verify == set(verify_shapes(4, 4))
-    assert policy.cost.compiled_draft == {(rows, b) for rows in (1, 2, 4) for b in policy.blocks}
+    width = worker.runner.context_pages([192])
+    assert policy.cost._compiled_verify.keys() == {width}
+    assert policy.cost._compiled_verify[width] == set(verify_shapes(4, 4))
+    for window in (128, 256):  # the drafter's windows inside the target's first context bucket
+        assert policy.cost.drafts_compiled_at(window) == {(rows, b) for rows in (1, 2, 4) for b in policy.blocks}
 
     # Random plans and lengths hit many ragged shapes, draft blocks and batch sizes.
     chosen, blocks = random_lengths(engine, monkeypatch, seed=3)
@@ -53,3 +57,42 @@ def test_a_precompiled_adaptive_engine_compiles_no_decode_step(engine_kwargs, tr
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(input_ids=prompts, sampling_params=params)]
     assert set(blocks) == {0, *policy.blocks} and max(chosen) == 3  # the plans did vary
     assert compiled_steps == []
+
+
+def test_the_cost_model_knows_what_is_compiled_past_the_first_context_bucket(engine_kwargs, trained_draft_dir,
+                                                                            monkeypatch):
+    """A verify shape compiles per page-table width and a draft per drafter window: after the
+    sweep, a step the cost model takes as compiled never compiles, also once contexts grow past
+    the swept bucket (where the same shapes compile again and the policy must know it)."""
+    kwargs = {**engine_kwargs, "max_running_requests": 4, "context_length": 512}
+    engine = Engine(**kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
+                    speculative_num_draft_tokens=4, speculative_adaptive=True, disable_precompile=False)
+    cost = engine.scheduler.worker.policy.cost
+    random_lengths(engine, monkeypatch, seed=5)
+    steps = []  # (width, the step's programs were taken as compiled, the step compiled)
+
+    def known(shape, draft_batch, block):
+        return shape in cost.compiled_verify and (not draft_batch or (bucket(draft_batch), block) in cost.compiled_draft)
+
+    observe, compiled = cost.observe, cost.compiled
+
+    def observed(shape, verify_s, draft_batch, draft_s, overhead_s, draft_block=0):
+        steps.append((cost.width, known(shape, draft_batch, draft_block), False))
+        observe(shape, verify_s, draft_batch, draft_s, overhead_s, draft_block=draft_block)
+
+    def compiling(shape, draft_batch, draft_block, seconds):
+        steps.append((cost.width, known(shape, draft_batch, draft_block), True))
+        compiled(shape, draft_batch, draft_block, seconds)
+
+    monkeypatch.setattr(cost, "observe", observed)
+    monkeypatch.setattr(cost, "compiled", compiling)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 16, size=n).tolist() for n in (230, 12, 250)]
+    params = {"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [
+        o["output_ids"] for o in Engine(**kwargs).generate(input_ids=prompts, sampling_params=params)]
+    widths = {width for width, _, _ in steps}
+    assert len(widths) == 2  # the contexts crossed into the second bucket
+    assert [s for s in steps if s[1] and s[2]] == []  # nothing taken as compiled compiled
+    assert [s for s in steps if s[0] == max(widths) and s[2]]  # past the sweep, steps do compile
