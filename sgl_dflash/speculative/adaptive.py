@@ -246,6 +246,10 @@ class AdaptivePolicy:
         if probes.any() and not block:
             if probe_rate < (1 - self.probe_slack) * plain_rate:
                 probes[:] = False  # hopeless here: the idle estimates keep relaxing to their means
+            elif (bucket(int(probes.sum())), probe_block) not in self.cost.compiled_draft:
+                # A probe is a cheap measurement, not worth a compile (a second on a CPU): at a
+                # batch of 32 past the swept contexts, probes compiled 6 steps for 1.8 s each.
+                probes[:] = False
             else:
                 # Probes measure the block the plan would draft if the estimates were a little
                 # better: probing only the smallest block left the block a fixed B=4 won with

@@ -40,11 +40,12 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy = AdaptivePolicy(self.block_size - 1)
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2
-        # A cached prefix in the target's first context bucket (256 tokens) that fits the context
-        # and the KV pool.
+        # Cached prefixes in the target's first two context buckets (up to 256 and 512 tokens:
+        # a chat prompt and its answer) that fit the context and the KV pool.
         room = min(server_args.context_length, self.allocator.num_free_pages * self.allocator.page_size)
-        if not server_args.disable_precompile and room > self.block_size:
-            precompile.sweep(self, context=min(192, room - self.block_size))
+        contexts = [c for c in precompile.SWEPT_CONTEXTS if c + self.block_size <= room]
+        if not server_args.disable_precompile and contexts:
+            precompile.sweep(self, contexts=contexts)
 
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         result = super().forward_extend(batch)

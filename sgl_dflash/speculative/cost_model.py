@@ -154,9 +154,14 @@ class CostModel:
         self.compiled_verify.add(shape)
         if draft_batch:
             self.compiled_draft.add((bucket(draft_batch), draft_block))
+        self.observe_compile(seconds)
+        self._steps_at[self.width] += 1
+
+    def observe_compile(self, seconds: float) -> None:
+        """A program's compile (and first run) took `seconds` (a step that compiled, or the startup
+        sweep: what a compile costs on this machine)."""
         self.compile_s = seconds if not self._compiles else (1 - self.decay) * self.compile_s + self.decay * seconds
         self._compiles += 1
-        self._steps_at[self.width] += 1
 
     def age(self, shape: tuple[int, int, int], name: str = "verify") -> int | None:
         """Measured steps since this verify shape (or draft key) was last measured (None: never)."""

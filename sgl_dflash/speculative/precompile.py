@@ -1,20 +1,25 @@
 """The adaptive worker's startup sweep: compile, before the first request, every program its policy
-can choose at a request's first context bucket.
+can choose at a request's first two context buckets.
 
 Why: the policy picks ragged verify shapes (S sequences, T rows, Q longest block: 47 of them up to
 32 requests at B=8) and draft programs (drafter batch x draft block 2, 4, .. B). A fresh engine that
 met them while serving stalled a step for each (1-5 s on a CPU): 13 of a 27 s first pass at batch
-8 (docs/adaptive.md). SGLang captures its CUDA graphs per batch size at startup for the same
-reason. With the persistent compilation cache a later startup mostly loads them.
+8 (docs/adaptive.md). Each is compiled per context bucket (the target's page-table width, the
+drafter's window), so a chat answer that grows past 256 tokens of context met them all again. SGLang
+captures its CUDA graphs per batch size at startup for the same reason. With the persistent
+compilation cache a later startup mostly loads them.
 
 How: dummy sequences sharing one allocated page table (freed afterwards) and drafter sequences
-added with zero features, then released. Only greedy programs of the target's first context
-bucket (256 tokens: `context` tokens of cached prefix; the drafter's windows of 128 and 256) are
-swept; sampling modes, longer contexts and prefill shapes still compile when first met.
+added with zero features, then released. Greedy programs at `SWEPT_CONTEXTS` (cached prefixes in
+the target's buckets of 256 and 512 tokens; the drafter's windows of 128, 256 and 512) and the
+drafter's prompt chunks are swept; sampling modes, longer contexts and the target's prefill shapes
+still compile when first met (the policy knows which: `CostModel.at`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +29,9 @@ from jax_backend import SeqInput
 from jax_backend.batch import bucket
 from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, step_shape
 
+
+# A cached prefix in each of the target's first context buckets (3/4 of 256 and 512 tokens).
+SWEPT_CONTEXTS = (192, 384)
 
 _SWEEP_ID = "precompile"
 _SHORT_ID = ("precompile", "short")
@@ -41,43 +49,50 @@ def verify_shapes(max_requests: int, max_block: int) -> list[tuple[int, int, int
     return shapes
 
 
-def sweep(worker: Any, *, context: int, progress: bool = True) -> None:
-    """Runs, on `worker` (an AdaptiveDFlashWorker with no requests), every verify shape with the
-    drafter's commit of its features (the pending-row write; per batch bucket also the flush that
-    plain steps in a row end in) and every draft program (batch bucket x draft block, at both
+def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> None:
+    """Runs, on `worker` (an AdaptiveDFlashWorker with no requests), at each of `contexts` (cached
+    prefix lengths, one per target context bucket), every verify shape with the drafter's commit
+    of its features (the pending-row write; per batch bucket also the flush that plain steps in a
+    row end in) and every draft program (batch bucket x draft block; in the first bucket at both
     drafter windows); the policy's cost model learns they are compiled."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
-    drafts = {(rows, b) for rows in _powers_up_to(bucket(proposer.max_num_seqs)) for b in policy.blocks}
+    all_drafts = {(rows, b) for rows in _powers_up_to(bucket(proposer.max_num_seqs)) for b in policy.blocks}
     # One real page table shared by every dummy sequence (their garbage K/V land in pages that are
     # freed afterwards; a sequence never reads a position it has not written).
-    pages = worker.allocator.allocate(_SWEEP_ID, context + block)
-    features = np.zeros((context, proposer.num_features), np.float32)
-    # The drafter's window has two buckets inside the target's first one (128 and 256 tokens):
-    # drafts run for the `context` prefix and for a short one.
-    short_features = features[: min(context, proposer.min_read_len // 2)]
-    bar = tqdm(total=len(shapes) + len(drafts), desc="precompiling adaptive steps", disable=not progress)
-    policy.cost.at(runner.context_pages([context]), 0)
+    pages = worker.allocator.allocate(_SWEEP_ID, max(contexts) + block)
+    bar = tqdm(total=len(contexts) * (len(shapes) + len(all_drafts)), desc="precompiling adaptive steps",
+               disable=not progress)
     try:
         _drafter_prefills(proposer)
-        for shape in shapes:
-            lens = _lens_for(*shape, block)
-            out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
-                                block_size=max(2, shape[2]))
-            ids = [(_SWEEP_ID, i) for i in range(len(lens))]
-            first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
-            windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
-            if first_of_bucket:  # the same drafts for sequences of a short context
-                windows += _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))], short_features,
-                                             out.features, flush_and_draft=True)
-                for b in policy.blocks:
+        for context in contexts:
+            policy.cost.at(runner.context_pages([context]), 0)
+            features = np.zeros((context, proposer.num_features), np.float32)
+            # The drafter's window has two buckets inside the target's first one (128 and 256
+            # tokens): there, drafts run for the `context` prefix and for a short one too.
+            short = context == contexts[0] and context > proposer.min_read_len // 2
+            drafts = set(all_drafts)
+            for shape in shapes:
+                lens = _lens_for(*shape, block)
+                start = time.perf_counter()
+                out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
+                                    block_size=max(2, shape[2]))
+                policy.cost.observe_compile(time.perf_counter() - start)  # what a compile costs here
+                ids = [(_SWEEP_ID, i) for i in range(len(lens))]
+                first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
+                windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
+                if first_of_bucket and short:
+                    windows += _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))],
+                                                 features[: proposer.min_read_len // 2], out.features,
+                                                 flush_and_draft=True)
+                for b in policy.blocks if first_of_bucket else ():
                     drafts.discard((shape[0], b))
                     for window in windows:
                         policy.cost.drafts_compiled_at(window).add((shape[0], b))
                     bar.update()
-            policy.cost.compiled_verify.add(shape)
-            bar.update()
+                policy.cost.compiled_verify.add(shape)
+                bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)
         bar.close()

@@ -96,6 +96,10 @@ def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests(
     assert not plan.drafted.any() and plan.block == 0
     for _ in range(3):
         policy.observe(slots, np.zeros(4, np.int64), np.zeros(4, bool), None, np.zeros(4), np.zeros(4))
+    policy.cost.at(16, 128)  # a context where nothing was compiled: probes would compile, none run
+    assert policy.plan_drafts(slots).block == 0
+    policy.cost.at(0, 0)
+    policy.cost.compiled_draft.add((4, 2))  # (as the startup sweep does)
     plan = policy.plan_drafts(slots)
     # Idle for probe_every steps (their estimates relaxed towards 0.5): probed, at the block
     # closest to paying (2: 5.2 tokens in 0.145 s, 0.9x the plain step's rate).

@@ -6,6 +6,7 @@ import numpy as np
 from jax_backend.batch import bucket
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.speculative.cost_model import step_shape
+from sgl_dflash.speculative import precompile
 from sgl_dflash.speculative.precompile import _lens_for, verify_shapes
 from tests.speculative.test_adaptive import random_lengths
 
@@ -64,6 +65,7 @@ def test_the_cost_model_knows_what_is_compiled_past_the_first_context_bucket(eng
     """A verify shape compiles per page-table width and a draft per drafter window: after the
     sweep, a step the cost model takes as compiled never compiles, also once contexts grow past
     the swept bucket (where the same shapes compile again and the policy must know it)."""
+    monkeypatch.setattr(precompile, "SWEPT_CONTEXTS", (192,))  # the second bucket (512 tokens) not swept
     kwargs = {**engine_kwargs, "max_running_requests": 4, "context_length": 512}
     engine = Engine(**kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
                     speculative_num_draft_tokens=4, speculative_adaptive=True, disable_precompile=False)
