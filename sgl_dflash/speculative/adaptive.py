@@ -265,11 +265,12 @@ class AdaptivePolicy:
 
     def _plain_cost_is_stale(self, n: int) -> bool:
         """The plain step of n requests is compiled and its cost not measured in `refresh_every`
-        steps (a plain step that would compile is never forced: a compile stalls for seconds)."""
+        steps, or not yet read often enough to be the clock (a plain step that would compile is
+        never forced: a compile stalls for seconds)."""
         shape = step_shape(np.ones(n, np.int64))
         age = self.cost.age(shape)
         return (self.refresh_every > 0 and shape in self.cost.compiled_verify
-                and (age is None or age >= self.refresh_every))
+                and (age is None or age >= self.refresh_every or self.cost.readings(shape) < self.cost.min_clock_readings))
 
     def choose(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray,
                confidence: np.ndarray | None, draft_seconds: float, block: int | None = None) -> np.ndarray:

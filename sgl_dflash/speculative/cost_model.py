@@ -52,7 +52,7 @@ def plain_shape(batch: int) -> tuple[int, int, int]:
 
 class CostModel:
     def __init__(self, window: int = 9, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3,
-                 stale_after: int = 256):
+                 stale_after: int = 256, min_clock_readings: int = 3):
         self.window = window  # measurements per shape whose median is its cost
         # A measurement this many steps old is stale: the machine's speed drifts (2x over minutes
         # on a shared host) while a shape that stopped being chosen is never measured again. A
@@ -61,6 +61,10 @@ class CostModel:
         self.stale_after = stale_after
         self.decay = decay  # weight of a new measurement in the running means (overhead, compiles)
         self.prior_rows = prior_rows
+        # The clock is trusted from this many plain readings on (a median of 1-2 is one outlier:
+        # batch 32's first plain step read 310 ms against ~170, and for 60 steps every drafted
+        # reading was stored against that clock, then predicted 27% too cheap once it settled).
+        self.min_clock_readings = min_clock_readings
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
         # The medians as last measured (drafted shapes and drafts: see `_current` for today's).
         self.verify_s: dict[tuple[int, int, int], float] = {}
@@ -122,9 +126,14 @@ class CostModel:
     def _clock(self, name: str, key: tuple) -> float | None:
         """The plain step's cost now, of the batch bucket a drafted shape or a draft belongs to
         (None for a plain shape, or when the plain step of that bucket was never measured)."""
-        if name == "verify" and key == plain_shape(key[0]):
+        plain = plain_shape(key[0])
+        if (name == "verify" and key == plain) or self.readings(plain) < self.min_clock_readings:
             return None
-        return self.verify_s.get(plain_shape(key[0]))
+        return self.verify_s.get(plain)
+
+    def readings(self, shape: tuple[int, int, int]) -> int:
+        """How many current measurements this verify shape's cost is the median of."""
+        return len(self._samples.get(("verify", shape), ()))
 
     def _current(self, name: str, key: tuple) -> float:
         """The median of a shape's samples, each scaled by how its clock moved since."""

@@ -1,5 +1,7 @@
 """The adaptive policy's parts on their own: the length optimizer, calibration, cost model, plan."""
 
+import statistics
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,7 @@ def test_calibrator_learns_from_outcomes():
 
 
 def test_cost_model_measures_and_predicts():
-    cost = CostModel(window=3)
+    cost = CostModel(window=3, min_clock_readings=1)
     assert cost.verify((1, 2, 1)) < cost.verify((1, 8, 8))  # the prior already grows with rows
     cost.observe((4, 4, 1), 0.10, 0, 0.0, 0.01)
     cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01, draft_block=4)
@@ -80,6 +82,36 @@ def test_cost_model_measures_and_predicts():
     assert cost.verify((4, 4, 1)) == pytest.approx(0.3)  # the window follows a lasting change
     # The plain step of the batch bucket is the clock: what was measured beside it follows it.
     assert cost.verify((4, 16, 4)) == pytest.approx(0.22 * 3) and cost.draft(3, 4) == pytest.approx(0.02 * 3)
+
+
+def test_the_clock_is_trusted_after_three_readings():
+    """A plain step read once or twice is no clock (one outlier is its median): readings taken
+    beside it are kept as they are, and the policy runs plain steps until it has three."""
+    cost = CostModel()
+    cost.observe((4, 4, 1), 0.30, 0, 0.0, 0.0)  # the first plain step: an outlier
+    cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.0, draft_block=4)
+    for _ in range(2):
+        cost.observe((4, 4, 1), 0.10, 0, 0.0, 0.0)
+    assert cost.verify((4, 4, 1)) == pytest.approx(0.10)
+    assert cost.verify((4, 16, 4)) == pytest.approx(0.22)  # not 0.22 / 3: it was read against no clock
+    cost.observe((4, 16, 4), 0.24, 4, 0.02, 0.0, draft_block=4)
+    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.0)  # the clock moved 0.10 -> 0.10 (median) -> ...
+    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.0)  # ... 0.20: the reading taken at 0.10 doubles
+    assert cost.verify((4, 16, 4)) == pytest.approx(statistics.median([0.22, 0.48]))
+
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, min_gain=0.0)
+    for slot in range(4):
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = 0.9
+    policy.cost.compiled_verify.update({(4, 4, 1), (4, 16, 4)})
+    policy.cost.compiled_draft.add((4, 4))
+    policy.cost.observe((4, 16, 4), 0.12, 4, 0.01, 0.0, draft_block=4)
+    blocks = []
+    for _ in range(4):
+        blocks.append(policy.plan_drafts(range(4)).block)
+        if not blocks[-1]:
+            policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    assert blocks[:3] == [0, 0, 0] and blocks[3]  # three plain readings first, then drafting (which pays)
 
 
 def test_plan_skips_the_drafter_when_drafts_do_not_pay_and_probes_idle_requests():
@@ -231,7 +263,8 @@ def test_a_stale_plain_cost_is_measured_again():
     """Drafting stops the plain step's cost from being measured: a reading inflated by a burst
     of load would keep the policy drafting. Every `refresh_every` steps a step that would draft
     runs plain; measured cheap, the policy stops drafting."""
-    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0)
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0,
+                            cost_model=CostModel(min_clock_readings=1))  # (one reading is the clock here)
     slots = [0, 1, 2, 3]
     for slot in slots:
         policy.add(slot)
@@ -258,7 +291,8 @@ def test_a_stale_plain_cost_is_measured_again():
             policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
     assert plans[6:] == [0] * 6
 
-    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0)
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0,
+                            cost_model=CostModel(min_clock_readings=1))  # (one reading is the clock here)
     for slot in slots:
         policy.add(slot)
         policy.requests[slot].estimate[:] = [0.5] + [0.1] * 6
