@@ -337,8 +337,7 @@ class DFlashProposer:
         slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
         cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-        # The window covers the committed context (cached + pending rows, written first).
-        read_len = self._read_len(int((cache_lens + new_lens).max()))
+        read_len = self.read_len(seq_ids)
         inputs = (
             self.pending,
             *jax.device_put([new_lens, cache_lens, slots]),
@@ -347,11 +346,9 @@ class DFlashProposer:
         return states, inputs, read_len
 
     def read_len(self, seq_ids: Sequence[Any]) -> int:
-        """The cache window a draft of these sequences reads (a static shape: each window is a
-        compiled program of its own)."""
-        return self._read_len(max((self._state(s).committed_len for s in seq_ids), default=0))
-
-    def _read_len(self, longest: int) -> int:
+        """The cache window a draft of these sequences reads: their committed context (cached +
+        pending rows, written first). A static shape: each window is a program of its own."""
+        longest = max((self._state(s).committed_len for s in seq_ids), default=0)
         return min(self.max_context_len, max(self.min_read_len, next_power_of_two(longest)))
 
     @staticmethod
