@@ -49,10 +49,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
 
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         result = super().forward_extend(batch)
-        # The drafter ingests the prompts asynchronously: left running, that work was timed as the
-        # first decode steps' verify (batch 32: 351 ms against ~180 for a plain step), and the
-        # policy took plain steps for dearer than they are.
-        jax.block_until_ready((self.proposer.k_cache, self.proposer.pending))
+        self._wait_for_drafter()  # its ingest of the prompts
         for slot, temperature in zip(batch.slots, batch.sampling_info.temperatures):
             self.policy.add(slot, SAMPLED if temperature > 0 else GREEDY)
         return result
@@ -125,9 +122,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
-        # The drafter's commit (and a flush of pending rows) runs asynchronously; left running, it
-        # was timed as part of the next step's verify (see forward_extend).
-        jax.block_until_ready((self.proposer.k_cache, self.proposer.pending))
+        self._wait_for_drafter()  # its commit (and a flush of pending rows)
         t4 = time.perf_counter()
         if self._compilations() == compiled:
             self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
@@ -140,6 +135,12 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.timings["drafted_steps"] += bool(len(rows))
         return GenerationBatchResult(tokens, accepted.astype(np.int32) + 1, accept_lens=accepted,
                                      num_draft_tokens=B - 1, verify_lens=verified.astype(np.int32))
+
+    def _wait_for_drafter(self) -> None:
+        """The drafter's work runs asynchronously; left running, it was timed as the next step's
+        verify (batch 32: the first plain steps read 351 ms against ~180 after the prompts'
+        ingest), and the policy took plain steps for dearer than they are."""
+        jax.block_until_ready((self.proposer.k_cache, self.proposer.pending))
 
     def _compilations(self) -> int:
         """Programs compiled so far by anything a decode step runs (a step that compiled is not a
