@@ -100,3 +100,42 @@ def test_context_split_does_not_matter(drafter):
             features[:, 13:], positions[:, 13:20], noise_embedding=noise, block_positions=positions[:, 20:], past_kv=first_kv
         )
     torch.testing.assert_close(split, whole, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mask_rows", [1, 4])
+def test_attend_is_grouped_query_sdpa_over_the_joined_segments(mask_rows):
+    """`attend` (query groups folded into rows, K/V never repeated) is torch's enable_gqa SDPA
+    over the concatenated segments, in torch eager and through torchax: query head j reads kv
+    head j // groups, one softmax spans every segment, masked keys get no weight."""
+    from torchax_proposer.model import attend
+
+    gen = torch.Generator().manual_seed(0)
+    n, length, heads, kv_heads, dim = 2, 4, 6, 2, 8
+    q = torch.randn(n, length, heads, dim, generator=gen)
+    segments = [(torch.randn(n, t, kv_heads, dim, generator=gen), torch.randn(n, t, kv_heads, dim, generator=gen))
+                for t in (5, 0, 4)]
+    mask = torch.rand(n, 1, mask_rows, 9, generator=gen) > 0.3
+    mask[..., -1] = True  # every query row sees at least one key
+    keys, values = (torch.cat([s[i] for s in segments], 1).transpose(1, 2) for i in (0, 1))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=mask, scale=0.3, enable_gqa=True).transpose(1, 2)
+
+    torch.testing.assert_close(attend(q, segments, mask, 0.3), expected, atol=1e-6, rtol=0)
+    as_jax = lambda t: jnp.asarray(t.numpy())  # noqa: E731
+    lowered = jax.jit(lowered_attend)(as_jax(q), [(as_jax(k), as_jax(v)) for k, v in segments], as_jax(mask))
+    np.testing.assert_allclose(np.asarray(lowered), expected.numpy(), atol=1e-5, rtol=0)
+    wrong = torch.nn.functional.scaled_dot_product_attention(  # kv head j % kv_heads: must differ
+        q.transpose(1, 2), keys.repeat(1, heads // kv_heads, 1, 1), values.repeat(1, heads // kv_heads, 1, 1),
+        attn_mask=mask, scale=0.3).transpose(1, 2)
+    assert not torch.allclose(attend(q, segments, mask, 0.3), wrong, atol=1e-3)
+
+
+def lowered_attend(q, segments, mask):
+    """`attend(q, segments, mask, 0.3)` on jax values inside a trace, through torchax."""
+    import torchax
+    from torchax.interop import jax_view, torch_view
+
+    from torchax_proposer.model import attend
+
+    with torchax.default_env():
+        return jax_view(attend(torch_view(q), torch_view(segments), torch_view(mask), 0.3))
