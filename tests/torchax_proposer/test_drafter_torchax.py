@@ -12,6 +12,7 @@ from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft, single_torch_thread  # noqa: F401
 from torchax_proposer import load_draft_model
 from torchax_proposer.jax_drafter import call_model, model_params
+from torchax_proposer.model import attend
 
 TARGET = dict(hidden_size=64, vocab_size=256, num_hidden_layers=4)
 
@@ -107,8 +108,6 @@ def test_attend_is_grouped_query_sdpa_over_the_joined_segments(mask_rows):
     """`attend` (query groups folded into rows, K/V never repeated) is torch's enable_gqa SDPA
     over the concatenated segments, in torch eager and through torchax: query head j reads kv
     head j // groups, one softmax spans every segment, masked keys get no weight."""
-    from torchax_proposer.model import attend
-
     gen = torch.Generator().manual_seed(0)
     n, length, heads, kv_heads, dim = 2, 4, 6, 2, 8
     q = torch.randn(n, length, heads, dim, generator=gen)
@@ -134,8 +133,6 @@ def lowered_attend(q, segments, mask):
     """`attend(q, segments, mask, 0.3)` on jax values inside a trace, through torchax."""
     import torchax
     from torchax.interop import jax_view, torch_view
-
-    from torchax_proposer.model import attend
 
     with torchax.default_env():
         return jax_view(attend(torch_view(q), torch_view(segments), torch_view(mask), 0.3))
