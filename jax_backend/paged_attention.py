@@ -22,7 +22,9 @@ How (static shapes, cost proportional to the real context, not to the page-table
 
 `prefix_block_attention` is the variant the model uses: the pages hold only the cached prefix
 and this step's K/V come as arrays (written to the pages after the layer loop); the math is the
-same.
+same. Its new tokens attend to each other either in the dense per-sequence blocks above or, when
+that computes more scores (a prefill batch with one long prompt), in fixed-size tiles of packed
+rows (`choose_query_tile`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 
 DEFAULT_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_CHUNK_TOKENS = 256
+DEFAULT_QUERY_TILE = 128
 
 
 class _QueryLayout(NamedTuple):
@@ -207,14 +210,26 @@ def prefix_block_attention(
     mask_value: float = DEFAULT_MASK_VALUE,
     max_q_len: int | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    query_tile: int | None = None,
 ) -> jax.Array:
     """Same result as writing the new K/V into the pages and calling `ragged_paged_attention`,
     without the write: cache positions < kv_len - q_len come from the pages (anything stored at
-    or after that position is ignored), the new tokens attend to each other causally."""
+    or after that position is ignored), the new tokens attend to each other causally.
+
+    `query_tile`: how the new tokens attend to each other. 0: in each sequence's dense
+    [max_q_len] block (S x Q x Q scores); a power of two: in tiles of that many packed rows, each
+    over the window of rows a tile can need (T x (tile + Q) scores). None picks the cheaper: a
+    prefill batch with one long prompt among short ones pays S x Q x Q for its longest prompt in
+    the dense layout (8 prompts, 943 tokens, one of 310: Q = 512, 2.1M scores per head and layer
+    against 0.66M in tiles of 128)."""
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     num_tokens, num_q_heads, _ = queries.shape
     num_kv_heads = kv_pages.shape[2] // 2
     max_q_len = num_tokens if max_q_len is None else max_q_len
+    if query_tile is None:
+        query_tile = choose_query_tile(num_tokens, page_indices.shape[0], max_q_len)
+    elif query_tile and num_tokens % query_tile:
+        raise ValueError(f"query_tile {query_tile} does not divide the {num_tokens} query rows")
     layout = _query_layout(cu_q_lens, num_seqs, num_tokens, max_q_len)
     q = _dense_queries(queries, layout, num_kv_heads)
 
@@ -224,6 +239,10 @@ def prefix_block_attention(
         _init_state(q, mask_value), q, kv_pages, page_indices, limit,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
     )
+    if query_tile:  # the cached prefix's part (if any) moves to the packed rows and is merged there
+        prefix = _packed_state(state, layout) if page_indices.shape[1] else None
+        return _tiled_new_tokens(queries, new_keys, new_values, layout, prefix, tile=query_tile,
+                                 max_q_len=max_q_len, sm_scale=sm_scale, mask_value=mask_value)
     j = jnp.arange(max_q_len)
     causal = jnp.broadcast_to(j[None, None, :] <= j[None, :, None], (kv_lens.shape[0], max_q_len, max_q_len))
     state = _online_softmax_step(
@@ -231,6 +250,64 @@ def prefix_block_attention(
         causal, sm_scale, mask_value,
     )
     return _finish(state, layout, queries.dtype, num_q_heads)
+
+
+def choose_query_tile(num_tokens: int, max_seqs: int, max_q_len: int, tile: int = DEFAULT_QUERY_TILE) -> int:
+    """The query tile of `prefix_block_attention` for these static shapes: `tile` (at most
+    num_tokens) when tiles compute fewer scores than the dense per-sequence blocks, else 0."""
+    tile = min(tile, num_tokens)
+    if num_tokens % tile:
+        return 0
+    return tile if num_tokens * (tile + max_q_len) < max_seqs * max_q_len * max_q_len else 0
+
+
+def _packed_state(state: _SoftmaxState, layout: _QueryLayout) -> _SoftmaxState:
+    """A dense [S, Hkv, G, Qmax] state at the packed token rows: [T, Hkv, G](, D)."""
+    s, o = layout.seq_of_token, layout.offset_in_seq
+    return _SoftmaxState(state.m.transpose(0, 3, 1, 2)[s, o], state.l.transpose(0, 3, 1, 2)[s, o],
+                         state.acc.transpose(0, 3, 1, 2, 4)[s, o])
+
+
+def _tiled_new_tokens(queries, new_keys, new_values, layout, prefix, *, tile, max_q_len, sm_scale, mask_value):
+    """The new tokens' causal attention to each other over the packed rows, `tile` query rows at
+    a time, merged with the cached prefix's packed state (None: no prefix); returns [T, Hq, D].
+
+    Tile i's queries (rows [i*tile, (i+1)*tile)) belong to sequences that start at most
+    max_q_len - 1 rows before the tile, so the keys they can see lie in the window of
+    tile + max_q_len rows ending with the tile (rows before 0 are padding). A key is visible to a
+    query of the same sequence at or after it; every query sees at least itself."""
+    num_tokens, num_q_heads, head_dim = queries.shape
+    num_kv_heads = new_keys.shape[1]
+    group = num_q_heads // num_kv_heads
+    num_tiles, window = num_tokens // tile, tile + max_q_len
+    key_rows = np.arange(num_tiles)[:, None] * tile + np.arange(window)[None, :] - max_q_len  # static
+    query_rows = np.arange(num_tokens).reshape(num_tiles, tile)
+    # Padding rows form a segment of their own (-1) so no real query sees them.
+    segment = jnp.where(layout.token_valid, layout.seq_of_token, -1)
+    key_segment = jnp.where(key_rows >= 0, segment[np.maximum(key_rows, 0)], -2)
+    visible = (segment[query_rows][:, :, None] == key_segment[:, None, :]) & (
+        key_rows[:, None, :] <= query_rows[:, :, None])
+
+    def windows(x):  # [T, Hkv, D] -> [tiles, Hkv, window, D]
+        return x[np.maximum(key_rows, 0)].transpose(0, 2, 1, 3)
+
+    q = queries.reshape(num_tiles, tile, num_kv_heads, group, head_dim)
+    scores = jnp.einsum("nqhgd,nhkd->nhgqk", q, windows(new_keys), preferred_element_type=jnp.float32)
+    scores = jnp.where(visible[:, None, None], scores * sm_scale, mask_value)
+    m = scores.max(axis=-1)
+    p = jnp.exp(scores - m[..., None])
+    l = p.sum(axis=-1)
+    acc = jnp.einsum("nhgqk,nhkd->nhgqd", p.astype(new_values.dtype), windows(new_values),
+                     preferred_element_type=jnp.float32)
+    # -> packed rows [T, Hkv, G](, D)
+    m, l = (x.transpose(0, 3, 1, 2).reshape(num_tokens, num_kv_heads, group) for x in (m, l))
+    acc = acc.transpose(0, 3, 1, 2, 4).reshape(num_tokens, num_kv_heads, group, head_dim)
+    if prefix is not None:  # merge two softmax partials (every real query's m is its own score's)
+        m_both = jnp.maximum(m, prefix.m)
+        a, b = jnp.exp(m - m_both), jnp.exp(prefix.m - m_both)
+        l, acc = a * l + b * prefix.l, a[..., None] * acc + b[..., None] * prefix.acc
+    out = (acc / l[..., None]).reshape(num_tokens, num_q_heads, head_dim).astype(queries.dtype)
+    return jnp.where(layout.token_valid[:, None, None], out, jnp.zeros((), queries.dtype))
 
 
 def interleave_kv(keys: jax.Array, values: jax.Array) -> jax.Array:

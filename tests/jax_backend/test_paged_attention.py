@@ -15,6 +15,7 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import (
 
 from jax_backend import BatchError, OutOfPages, PageAllocator, SeqInput, build_batch
 from jax_backend.paged_attention import (
+    choose_query_tile,
     interleave_kv,
     prefix_block_attention,
     ragged_paged_attention,
@@ -144,6 +145,51 @@ def test_prefix_block_attention_equals_write_then_attend():
     rest = {name: value for name, value in args.items() if name != "queries"}
     ours = np.asarray(jax.jit(fn)(args["queries"], k, v, **rest))  # pages: stale data at new slots
     np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("query_tile", [4, 8, 32])
+@pytest.mark.parametrize("cached_prefix", [True, False])
+def test_query_tiles_equal_dense_blocks(query_tile, cached_prefix):
+    """The new tokens attending to each other in tiles of packed rows (merged with the cached
+    prefix's part, or alone when nothing is cached) gives the dense per-sequence result, which
+    in turn equals plain causal attention per sequence."""
+    args, specs = _mixed_case(4, 2, seed=6)
+    rng = np.random.default_rng(7)
+    num_tokens = args["queries"].shape[0]
+    k = rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32)
+    v = rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32)
+    rest = {name: value for name, value in args.items() if name != "queries"}
+    if not cached_prefix:  # every sequence a prefill: empty page table, kv_len = q_len
+        rest.update(page_indices=rest["page_indices"][:, :0], kv_lens=jnp.diff(rest["cu_q_lens"]))
+
+    def run(tile):
+        fn = functools.partial(prefix_block_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=16, chunk_tokens=8,
+                               query_tile=tile)
+        return np.asarray(jax.jit(fn)(args["queries"], jnp.asarray(k), jnp.asarray(v), **rest))
+
+    dense, tiled = run(0), run(query_tile)
+    np.testing.assert_allclose(tiled, dense, atol=1e-5, rtol=0)
+    real = int(args["cu_q_lens"][len(specs)])
+    assert np.all(tiled[real:] == 0)
+    if not cached_prefix:
+        queries = np.asarray(args["queries"])
+        for i, (q_len, _) in enumerate(specs):
+            rows = slice(int(args["cu_q_lens"][i]), int(args["cu_q_lens"][i]) + q_len)
+            expected = _dense_reference(queries[rows], k[rows], v[rows], HEAD_DIM**-0.5)
+            np.testing.assert_allclose(tiled[rows], expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="query_tile 12 does not divide the 32 query rows"):
+        jax.jit(functools.partial(prefix_block_attention, max_q_len=16, query_tile=12))(
+            args["queries"], jnp.asarray(k), jnp.asarray(v), **rest)
+
+
+def test_choose_query_tile_takes_tiles_only_where_they_compute_less():
+    # 8 prompts, 943 tokens, the longest 310: dense 8 x 512 x 512 scores, tiles 1024 x (128 + 512)
+    assert choose_query_tile(1024, 8, 512) == 128
+    assert choose_query_tile(512, 4, 256) == 128  # one prompt of 200 and three of 20
+    assert choose_query_tile(1024, 8, 128) == 0  # 8 prompts of 100: dense blocks have no waste
+    assert choose_query_tile(512, 1, 512) == 0  # one sequence
+    assert choose_query_tile(64, 32, 2) == 0  # decode / verify
+    assert choose_query_tile(96, 4, 64, tile=64) == 0  # rows not a multiple of the tile
 
 
 def test_write_kv_scatters_to_slots_and_scratch():

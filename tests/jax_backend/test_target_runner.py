@@ -15,6 +15,7 @@ from jax_backend import (
     SeqInput,
     TargetRunner,
 )
+from jax_backend.paged_attention import choose_query_tile
 from tests.jax_backend.allocator_utils import truncate
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
@@ -70,6 +71,21 @@ def test_mixed_batch_matches_transformers(runner, hf):
         np.testing.assert_allclose(np.asarray(aux), ref_aux[start:], atol=TOL, rtol=0)
     for name in tables:
         alloc.free(name)
+
+
+def test_prefill_of_one_long_and_short_prompts_matches_transformers(runner, hf):
+    """A prefill batch whose longest prompt dwarfs the others runs its attention in query tiles
+    of packed rows (`choose_query_tile`), not in dense blocks of the longest prompt's size."""
+    prompts = [_ids(20, 200), _ids(21, 20), _ids(22, 17), _ids(23, 23)]
+    assert choose_query_tile(512, 4, 256) > 0  # this batch's shapes: T 512, S 4, Q 256
+    tables = [runner.allocator.allocate(i, len(ids)) for i, ids in enumerate(prompts)]
+    out = runner.forward([SeqInput(ids, 0, table, logits="all") for ids, table in zip(prompts, tables)])
+    for ids, logits, aux in zip(prompts, out.logits, out.aux_hidden):
+        ref_logits, ref_aux = _hf_run(hf, ids)
+        np.testing.assert_allclose(logits, ref_logits, atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(aux), ref_aux, atol=TOL, rtol=0)
+    for i in range(len(prompts)):
+        runner.allocator.free(i)
 
 
 def test_rollback_equals_never_seeing_dropped_tokens(runner, hf):
