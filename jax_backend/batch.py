@@ -64,6 +64,16 @@ def bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def fine_bucket(n: int, minimum: int = 1) -> int:
+    """`bucket(n, minimum)` up to 256; above, n rounded up to an eighth of that power of two
+    (5/8, 6/8, 7/8 or all of it): at most 25% padding instead of up to 50%, for 4x the shapes."""
+    power = bucket(n, minimum)
+    if power <= 256 or power > bucket(n):
+        return power
+    step = power // 8
+    return -(-n // step) * step
+
+
 def build_batch(
     seqs: Sequence[SeqInput],
     *,
@@ -72,8 +82,13 @@ def build_batch(
     min_tokens: int = 1,
     min_seqs: int = 1,
     min_pages: int = 1,
+    fine_tokens: bool = False,
 ) -> tuple[Batch, BatchLayout]:
     """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
+
+    `fine_tokens`: pad the token rows to `fine_bucket` rather than a power of two. For prefills:
+    their matmuls are compute-bound, so every padded row costs as much as a real one (8 prompts
+    of 100 tokens ran as 1,024 rows), and a prefill program compiles in about a second.
 
     The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
     see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
@@ -87,7 +102,7 @@ def build_batch(
 
     q_lens = [len(s.token_ids) for s in seqs]
     n_logits = [1 if s.logits == "last" else len(s.token_ids) for s in seqs]
-    num_tokens = bucket(sum(q_lens), min_tokens)
+    num_tokens = (fine_bucket if fine_tokens else bucket)(sum(q_lens), min_tokens)
     max_seqs = bucket(len(seqs), min_seqs)
     num_rows = bucket(sum(n_logits))
     max_q_len = min(bucket(max(q_lens)), num_tokens)

@@ -29,6 +29,7 @@ rows (`choose_query_tile`).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -253,12 +254,11 @@ def prefix_block_attention(
 
 
 def choose_query_tile(num_tokens: int, max_seqs: int, max_q_len: int, tile: int = DEFAULT_QUERY_TILE) -> int:
-    """The query tile of `prefix_block_attention` for these static shapes: `tile` (at most
-    num_tokens) when tiles compute fewer scores than the dense per-sequence blocks, else 0."""
-    tile = min(tile, num_tokens)
-    if num_tokens % tile:
-        return 0
-    return tile if num_tokens * (tile + max_q_len) < max_seqs * max_q_len * max_q_len else 0
+    """The query tile of `prefix_block_attention` for these static shapes: `tile`, or the largest
+    divisor of num_tokens below it (a power of two for a power-of-two `tile`), when tiles compute
+    fewer scores than the dense per-sequence blocks; else 0 (also for a tile under 16 rows)."""
+    tile = math.gcd(tile, num_tokens)
+    return tile if tile >= 16 and num_tokens * (tile + max_q_len) < max_seqs * max_q_len * max_q_len else 0
 
 
 def _packed_state(state: _SoftmaxState, layout: _QueryLayout) -> _SoftmaxState:

@@ -14,6 +14,7 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import (
 )
 
 from jax_backend import BatchError, OutOfPages, PageAllocator, SeqInput, build_batch
+from jax_backend.batch import bucket, fine_bucket
 from jax_backend.paged_attention import (
     choose_query_tile,
     interleave_kv,
@@ -189,7 +190,9 @@ def test_choose_query_tile_takes_tiles_only_where_they_compute_less():
     assert choose_query_tile(1024, 8, 128) == 0  # 8 prompts of 100: dense blocks have no waste
     assert choose_query_tile(512, 1, 512) == 0  # one sequence
     assert choose_query_tile(64, 32, 2) == 0  # decode / verify
-    assert choose_query_tile(96, 4, 64, tile=64) == 0  # rows not a multiple of the tile
+    assert choose_query_tile(640, 4, 256) == 128  # fine-bucketed prefill rows: 5 tiles
+    assert choose_query_tile(320, 4, 256) == 64  # the largest power of two dividing the rows
+    assert choose_query_tile(40, 2, 32) == 0  # tiles of 8 rows: too small to pay
 
 
 def test_write_kv_scatters_to_slots_and_scratch():
@@ -259,6 +262,18 @@ def test_build_batch_buckets_and_layout():
     np.testing.assert_array_equal(batch.logits_indices[:5], [0, 1, 2, 3, 8])
     assert layout.token_starts == (0, 3, 4) and layout.logit_starts == (0, 3, 4)
     assert layout.num_logits == (3, 1, 1)
+
+
+def test_fine_token_buckets_pad_prefills_by_at_most_a_quarter():
+    assert [fine_bucket(n) for n in (1, 3, 200, 256, 257, 300, 321, 512, 513, 800, 1025)] == [
+        1, 4, 256, 256, 320, 320, 384, 512, 640, 896, 1280]
+    assert fine_bucket(300, minimum=1024) == 1024
+    for n in range(257, 5000, 37):
+        assert n <= fine_bucket(n) <= bucket(n) and fine_bucket(n) < 1.25 * n
+    seqs = [SeqInput(list(range(100)), 0, list(range(1 + 8 * i, 9 + 8 * i))) for i in range(8)]
+    assert build_batch(seqs, page_size=16, pages_per_seq=8)[0].tokens.shape == (1024,)
+    fine, layout = build_batch(seqs, page_size=16, pages_per_seq=8, fine_tokens=True)
+    assert fine.tokens.shape == (896,) and layout.token_starts[-1] == 700
 
 
 def test_build_batch_page_table_width_is_the_context_bucket():
