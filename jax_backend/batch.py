@@ -65,10 +65,10 @@ def bucket(n: int, minimum: int = 1) -> int:
 
 
 def fine_bucket(n: int, minimum: int = 1) -> int:
-    """`bucket(n, minimum)` up to 256; above, n rounded up to an eighth of that power of two
+    """`bucket(n, minimum)` up to 64; above, n rounded up to an eighth of that power of two
     (5/8, 6/8, 7/8 or all of it): at most 25% padding instead of up to 50%, for 4x the shapes."""
     power = bucket(n, minimum)
-    if power <= 256 or power > bucket(n):
+    if power <= 64 or power > bucket(n):
         return power
     step = power // 8
     return -(-n // step) * step

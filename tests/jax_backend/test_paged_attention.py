@@ -265,10 +265,10 @@ def test_build_batch_buckets_and_layout():
 
 
 def test_fine_token_buckets_pad_prefills_by_at_most_a_quarter():
-    assert [fine_bucket(n) for n in (1, 3, 200, 256, 257, 300, 321, 512, 513, 800, 1025)] == [
-        1, 4, 256, 256, 320, 320, 384, 512, 640, 896, 1280]
+    assert [fine_bucket(n) for n in (1, 3, 33, 64, 65, 77, 200, 256, 257, 300, 321, 512, 513, 800, 1025)] == [
+        1, 4, 64, 64, 80, 80, 224, 256, 320, 320, 384, 512, 640, 896, 1280]
     assert fine_bucket(300, minimum=1024) == 1024
-    for n in range(257, 5000, 37):
+    for n in range(65, 5000, 37):
         assert n <= fine_bucket(n) <= bucket(n) and fine_bucket(n) < 1.25 * n
     seqs = [SeqInput(list(range(100)), 0, list(range(1 + 8 * i, 9 + 8 * i))) for i in range(8)]
     assert build_batch(seqs, page_size=16, pages_per_seq=8)[0].tokens.shape == (1024,)
