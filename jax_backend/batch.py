@@ -2,7 +2,8 @@
 
 Every shape is padded to a power of two (tokens, sequences, logit rows, the longest query block,
 the page table's width = the longest context in pages), so a steady decode loop reuses one
-compiled forward per context bucket.
+compiled forward per context bucket. Prefills may pad their token rows more finely
+(`fine_bucket`): their cost follows the rows, and their programs compile fast.
 """
 
 from __future__ import annotations
