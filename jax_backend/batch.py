@@ -15,6 +15,8 @@ from typing import Literal
 import jax
 import numpy as np
 
+from jax_backend.paged_attention import choose_query_tile
+
 
 class BatchError(ValueError):
     """A SeqInput that cannot be run as given (the message names the sequence and the field)."""
@@ -46,6 +48,8 @@ class Batch:
     num_seqs: jax.Array  # i32[1]
     logits_indices: jax.Array  # i32[R]: token rows whose logits are wanted
     max_q_len: int = dataclasses.field(metadata=dict(static=True))  # bucketed longest q_len
+    # how this step's new tokens attend to each other (`paged_attention.choose_query_tile`)
+    query_tile: int = dataclasses.field(default=0, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +88,15 @@ def build_batch(
     min_seqs: int = 1,
     min_pages: int = 1,
     fine_tokens: bool = False,
+    query_tiles: bool = True,
 ) -> tuple[Batch, BatchLayout]:
     """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
 
     `fine_tokens`: pad the token rows to `fine_bucket` rather than a power of two. For prefills:
     their matmuls are compute-bound, so every padded row costs as much as a real one (8 prompts
     of 100 tokens ran as 1,024 rows), and a prefill program compiles in about a second.
+    `query_tiles`: let attention take query tiles where they compute less (`choose_query_tile`);
+    False keeps the dense per-sequence blocks (the layout before tiles, for comparison).
 
     The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
     see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
@@ -140,6 +147,7 @@ def build_batch(
             (tokens, positions, slots, kv_lens, page_indices, cu_q_lens, np.array([len(seqs)], np.int32), logits_indices)
         ),
         max_q_len=max_q_len,
+        query_tile=choose_query_tile(num_tokens, max_seqs, max_q_len) if query_tiles else 0,
     )
     layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
     return batch, layout

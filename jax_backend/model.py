@@ -149,6 +149,7 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
             batch.num_seqs,
             sm_scale=head_dim**-0.5,
             max_q_len=batch.max_q_len,
+            query_tile=batch.query_tile,
         )
         h = h + attn.reshape(num_tokens, q_dim) @ w["o_proj"]
 

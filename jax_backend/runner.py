@@ -193,11 +193,13 @@ class TargetRunner:
         jitted = [self._step, *self._sample_steps.values(), *self._verify_steps.values()]
         return sum(fn._cache_size() for fn in jitted)
 
-    def forward(self, seqs: Sequence[SeqInput]) -> ForwardOutput:
+    def forward(self, seqs: Sequence[SeqInput], *, fine_tokens: bool = True, query_tiles: bool = True) -> ForwardOutput:
         """Run prefill chunks, decodes and verify blocks for several sequences in one batch.
         The serving path runs prefills here, so token rows are padded finely (`fine_bucket`);
-        `sample` and `verify` keep the power-of-two rows the adaptive policy's shapes assume."""
-        batch, layout = self._batch(seqs, fine_tokens=True)
+        `sample` and `verify` keep the power-of-two rows the adaptive policy's shapes assume.
+        `fine_tokens` / `query_tiles` False: the padding and attention layout before either
+        existed (`bench_prefill` compares them)."""
+        batch, layout = self._batch(seqs, fine_tokens=fine_tokens, query_tiles=query_tiles)
         logits, aux, self.kv_pool = self._step(self._step_params, self.kv_pool, batch)
 
         logits = np.asarray(logits)
@@ -334,7 +336,7 @@ class TargetRunner:
         return context_pages(max(start_positions, default=0), page_size=self.page_size,
                              pages_per_seq=self.pages_per_seq, min_pages=self._min_pages)
 
-    def _batch(self, seqs: Sequence[SeqInput], fine_tokens: bool = False):
+    def _batch(self, seqs: Sequence[SeqInput], fine_tokens: bool = False, query_tiles: bool = True):
         if len(seqs) > self.max_num_seqs:
             raise BatchError(f"{len(seqs)} sequences exceed max_num_seqs {self.max_num_seqs}")
         vocab = self.config.vocab_size
@@ -353,7 +355,7 @@ class TargetRunner:
         # pads its scatter instead.
         return build_batch(
             seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq,
-            min_pages=self._min_pages, fine_tokens=fine_tokens,
+            min_pages=self._min_pages, fine_tokens=fine_tokens, query_tiles=query_tiles,
         )
 
     @property

@@ -15,7 +15,6 @@ from jax_backend import (
     SeqInput,
     TargetRunner,
 )
-from jax_backend.paged_attention import choose_query_tile
 from tests.jax_backend.allocator_utils import truncate
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
@@ -77,13 +76,19 @@ def test_prefill_of_one_long_and_short_prompts_matches_transformers(runner, hf):
     """A prefill batch whose longest prompt dwarfs the others runs its attention in query tiles
     of packed rows (`choose_query_tile`), not in dense blocks of the longest prompt's size."""
     prompts = [_ids(20, 200), _ids(21, 20), _ids(22, 17), _ids(23, 23)]
-    assert choose_query_tile(512, 4, 256) > 0  # this batch's shapes: T 512, S 4, Q 256
     tables = [runner.allocator.allocate(i, len(ids)) for i, ids in enumerate(prompts)]
-    out = runner.forward([SeqInput(ids, 0, table, logits="all") for ids, table in zip(prompts, tables)])
+    seqs = [SeqInput(ids, 0, table, logits="all") for ids, table in zip(prompts, tables)]
+    batch = runner._batch(seqs, fine_tokens=True)[0]
+    assert batch.tokens.shape == (320,) and batch.max_q_len == 256 and batch.query_tile == 64
+    assert runner._batch(seqs, query_tiles=False)[0].query_tile == 0
+    out = runner.forward(seqs)
     for ids, logits, aux in zip(prompts, out.logits, out.aux_hidden):
         ref_logits, ref_aux = _hf_run(hf, ids)
         np.testing.assert_allclose(logits, ref_logits, atol=TOL, rtol=0)
         np.testing.assert_allclose(np.asarray(aux), ref_aux, atol=TOL, rtol=0)
+    before = runner.forward(seqs, fine_tokens=False, query_tiles=False)  # the layout bench_prefill compares
+    for new, old in zip(out.logits, before.logits):
+        np.testing.assert_allclose(new, old, atol=TOL, rtol=0)
     for i in range(len(prompts)):
         runner.allocator.free(i)
 
