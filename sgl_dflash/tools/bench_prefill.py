@@ -88,7 +88,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.bar([i + offset for i in x], [r[f"{variant}_ms"] for r in rows], width=0.4, label=variant)
     for i, r in enumerate(rows):
         ax.annotate(f"{r['speedup']:.2f}x", (i + 0.2, r["serving_ms"]), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(list(x), [f"{r['batch']}\n({r['tokens']} tok)" for r in rows], fontsize=7)
+    labels = [r["batch"].replace(", ", ",\n") + f"\n({r['tokens']} tok)" for r in rows]
+    ax.set_xticks(list(x), labels, fontsize=7)
     ax.set_ylabel("ms per prefill forward (median)")
     ax.set_title("Prefill: serving layout vs power-of-two rows + dense query blocks")
     ax.legend()
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("prompt lengths must be >= 1")
 
     from jax_backend import TargetRunner
-    from sgl_dflash import model_import
+    from sgl_dflash.tools import model_import
     from sgl_dflash.tools.demo import use_compilation_cache
 
     use_compilation_cache()

@@ -4,15 +4,17 @@ import json
 
 import pytest
 
-from sgl_dflash.tools import bench_prefill
+from sgl_dflash.tools import bench_prefill, model_import
 from tests.tiny_checkpoints import make_tiny_target
 
 
-def test_rows_json_and_plot(tmp_path):
+def test_rows_json_and_plot(tmp_path, monkeypatch):
     target = make_tiny_target(tmp_path / "target", "llama")
     out = tmp_path / "prefill.json"
-    report = bench_prefill.main(["--model-path", str(target), "--repeats", "2", "--cases", "200,20,17,23", "90,90",
-                                 "--out", str(out)])
+    # Without --model-path it serves the default model (here: the tiny target in its place).
+    monkeypatch.setattr(model_import, "ensure_default_model", lambda: target)
+    report = bench_prefill.main(["--repeats", "2", "--cases", "200,20,17,23", "90,90", "--out", str(out)])
+    assert report["model_path"] == str(target)
     saved = json.loads(out.read_text())
     assert saved["rows"] == report["rows"] and (tmp_path / "prefill.png").stat().st_size > 0
     skewed, pair = saved["rows"]
