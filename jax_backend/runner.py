@@ -75,6 +75,9 @@ class SampleOutput(_AuxViews):
 
     tokens: np.ndarray
     aux: AuxRows = AuxRows()
+    # with `sample(..., device_features=True)`: the drafter's features [T, n_aux*H] (rows past n
+    # are padding), left on the device; `aux` is then empty
+    device_features: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,10 +218,12 @@ class TargetRunner:
         top_p: Sequence[float],
         top_k: Sequence[int],
         key: jax.Array | None = None,
+        device_features: bool = False,
     ) -> SampleOutput:
         """`forward`, then one token per sequence from its last position, sampled on the device
         with per-sequence parameters (as `sampling.sample`: temperature <= 0 is the argmax; the
-        same draws for the same key and logits). Only the token ids come back to the host."""
+        same draws for the same key and logits). Only the token ids come back to the host;
+        `device_features`: the drafter's features stay on the device too (`SampleOutput`)."""
         if any(seq.logits != "last" for seq in seqs):
             raise BatchError("sample: every sequence must ask for logits='last'")
         batch, layout = self._batch(seqs)
@@ -229,6 +234,8 @@ class TargetRunner:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
         tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
+        if device_features:
+            return SampleOutput(np.asarray(tokens)[: len(seqs)], device_features=self.hidden_state_features(aux))
         return SampleOutput(np.asarray(tokens)[: len(seqs)], self._aux_rows(aux, layout))
 
     def verify(

@@ -53,8 +53,9 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     """Runs, on `worker` (an AdaptiveDFlashWorker with no requests), at each of `contexts` (cached
     prefix lengths, one per target context bucket), every verify shape with the drafter's commit
     of its features (the pending-row write; per batch bucket also the flush that plain steps in a
-    row end in) and every draft program (batch bucket x draft block; in the first bucket at both
-    drafter windows); the policy's cost model learns they are compiled."""
+    row end in), every draft program (batch bucket x draft block; in the first bucket at both
+    drafter windows) and, per batch bucket, the greedy sampling program that steps verifying no
+    draft run; the policy's cost model learns they are compiled."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
@@ -62,8 +63,9 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     # One real page table shared by every dummy sequence (their garbage K/V land in pages that are
     # freed afterwards; a sequence never reads a position it has not written).
     pages = worker.allocator.allocate(_SWEEP_ID, max(contexts) + block)
-    bar = tqdm(total=len(contexts) * (len(shapes) + len(all_drafts)), desc="precompiling adaptive steps",
-               disable=not progress)
+    plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))
+    bar = tqdm(total=len(contexts) * (len(shapes) + len(all_drafts) + len(plain_batches)),
+               desc="precompiling adaptive steps", disable=not progress)
     try:
         _drafter_prefills(proposer)
         for context in contexts:
@@ -92,6 +94,11 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                         policy.cost.drafts_compiled_at(window).add((shape[0], b))
                     bar.update()
                 policy.cost.compiled_verify.add(shape)
+                bar.update()
+            for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
+                out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
+                                    device_features=True)
+                worker.plain_block(out.device_features)
                 bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)

@@ -93,6 +93,23 @@ def test_prefill_of_one_long_and_short_prompts_matches_transformers(runner, hf):
         runner.allocator.free(i)
 
 
+def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
+    """`sample(device_features=True)`: the same tokens, and the features of every sequence's
+    token as rows of one device array (padding rows after them), equal to the host ones."""
+    prompts = [_ids(40, 9), _ids(41, 14), _ids(42, 5)]
+    tables = [runner.allocator.allocate(i, len(p) + 1) for i, p in enumerate(prompts)]
+    runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    seqs = [SeqInput([7 + i], len(p), t) for i, (p, t) in enumerate(zip(prompts, tables))]
+    greedy = ([0.0] * 3, [1.0] * 3, [0] * 3)
+    host = runner.sample(seqs, *greedy)
+    device = runner.sample(seqs, *greedy, device_features=True)  # rewrites the same K/V slots
+    assert device.tokens.tolist() == host.tokens.tolist() and device.features == ()
+    assert device.device_features.shape == (4, host.features[0].shape[-1])
+    np.testing.assert_allclose(np.asarray(device.device_features)[:3], np.concatenate(host.features), atol=1e-6, rtol=0)
+    for i in range(len(prompts)):
+        runner.allocator.free(i)
+
+
 def test_rollback_equals_never_seeing_dropped_tokens(runner, hf):
     """Verify an 8-token block, keep its first 4 tokens, release the page holding only rejected
     tokens, then run a new block from the shorter start: logits equal a run that never saw the

@@ -18,10 +18,12 @@ def adaptive_engine(engine_kwargs, trained_draft_dir):
                   speculative_adaptive=True)
 
 
-def random_lengths(engine, monkeypatch, seed=0):
+def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
     """Replace the policy's decisions by random ones (drafted or not, any draft block, any k):
     every mix of ragged blocks, shorter draft blocks, plain steps and pending drafter rows.
-    Returns the chosen k and draft blocks."""
+    Returns the chosen k and draft blocks (0: nothing drafted); `plain_steps` (a list) gets
+    whether each step verifies no draft."""
+    plain_steps = [] if plain_steps is None else plain_steps
     rng = np.random.default_rng(seed)
     policy = engine.scheduler.worker.policy
     chosen, blocks = [], []
@@ -30,11 +32,13 @@ def random_lengths(engine, monkeypatch, seed=0):
         drafted = rng.random(len(slots)) < 0.6
         block = int(rng.choice(policy.blocks)) if drafted.any() else 0
         blocks.append(block)
+        plain_steps.append(not drafted.any())
         return DraftPlan(drafted, block)
 
     def choose(slots, modes, drafted, confidence, seconds, block):
         k = np.where(drafted, rng.integers(0, block, len(slots)), 0)
         chosen.extend(k.tolist())
+        plain_steps[-1] = not k.any()
         return k
 
     monkeypatch.setattr(policy, "plan_drafts", plan)
@@ -61,8 +65,12 @@ def none_outputs(none_engine, spec_prompts):
 
 @pytest.mark.parametrize("lengths", ["policy", "random"])
 def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec_prompts, none_outputs, monkeypatch):
-    chosen, blocks = random_lengths(adaptive_engine, monkeypatch) if lengths == "random" else (None, None)
+    plain = []
+    chosen, blocks = random_lengths(adaptive_engine, monkeypatch, plain_steps=plain) if lengths == "random" else (None, None)
     log = watch_steps(adaptive_engine, monkeypatch)
+    runner, programs = adaptive_engine.scheduler.worker.runner, {"sample": 0, "verify": 0}
+    for name in programs:  # which target program each decode step ran
+        monkeypatch.setattr(runner, name, _counting(getattr(runner, name), programs, name))
     params, expected = none_outputs
     outs = adaptive_engine.generate(input_ids=spec_prompts, sampling_params=params)  # stop rules cut blocks
     assert [o["output_ids"] for o in outs] == expected
@@ -78,6 +86,10 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
     if chosen is not None:  # every k and every draft block the drafter offers (16: 2, 4, 8, 16) ran
         assert set(chosen) == set(range(adaptive_engine.scheduler.worker.block_size))
         assert set(blocks) - {0} == {2, 4, 8, 16}
+        # A step that verifies no draft (nothing drafted, or every k = 0) runs NONE's sampling
+        # program; the others one verify.
+        assert 0 < sum(plain) < len(plain)
+        assert programs == {"sample": sum(plain), "verify": len(plain) - sum(plain)}
     for out in outs:
         info = out["meta_info"]
         lens = info["spec_verify_len_histogram"]
@@ -85,6 +97,13 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
         assert info["spec_num_proposed_drafts"] == sum(k * c for k, c in enumerate(lens))
         assert info["spec_mean_verify_len"] == pytest.approx(info["spec_num_proposed_drafts"] / info["spec_verify_ct"])
         assert info["spec_no_spec_fraction"] == pytest.approx(lens[0] / info["spec_verify_ct"])
+
+
+def _counting(fn, counts, name):
+    def counted(*args, **kwargs):
+        counts[name] += 1
+        return fn(*args, **kwargs)
+    return counted
 
 
 def test_policy_uses_a_good_drafter_and_reports_it(adaptive_engine, spec_prompts, monkeypatch):
