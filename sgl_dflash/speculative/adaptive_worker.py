@@ -43,6 +43,7 @@ def _plain_block(features: jax.Array) -> jax.Array:
 
 class AdaptiveDFlashWorker(DFlashWorker):
     plain_block = staticmethod(_plain_block)  # also run by the startup sweep
+
     def __init__(self, server_args: Any):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
@@ -110,12 +111,12 @@ class AdaptiveDFlashWorker(DFlashWorker):
         verified = (self.policy.choose(slots, modes, drafted, confidence, t2 - t1, block) if len(rows)
                     else np.zeros(n, np.int64))
         shape = step_shape(verified + 1)
-        accept_width = max(2, shape[2])
-        seqs = [SeqInput([bonus[i], *drafts[i, : verified[i]]], batch.prefix_lens[i], batch.page_tables[i], "all")
-                for i in range(n)]
         if not verified.any():  # no draft to verify: NONE's own sampling program
             accepted, new_bonus, features = self._plain_step(batch, bonus)
         else:
+            accept_width = max(2, shape[2])
+            seqs = [SeqInput([bonus[i], *drafts[i, : verified[i]]], batch.prefix_lens[i], batch.page_tables[i], "all")
+                    for i in range(n)]
             if info.is_all_greedy:
                 out = self.runner.verify(seqs, block_size=accept_width)
             else:
