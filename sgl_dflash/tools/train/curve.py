@@ -6,7 +6,8 @@ against the tokens it processed, from the runs' own records (config.json + train
 Writes <out>.json (one row per run) and <out>.png. A run is a drafter directory written by
 `python -m sgl_dflash.train train`; `--extra FILE.json` adds rows measured otherwise (e.g. an
 older drafter evaluated with `python -m sgl_dflash.train eval`), each {"name", "response_tokens",
-"held_out": {"B8": {"tau": ...}, ...}, "note"}.
+"held_out": {"B8": {"tau": ...}, ...}, "note"}. A run started `--init-from` another run's directory
+"follows" it: its loss curve continues where that one ended (`first_step` in the JSON).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def run_row(run_dir: str | Path) -> dict:
     training = json.loads((run_dir / "config.json").read_text())["training"]
     log_path = run_dir / "train_log.json"
     log = json.loads(log_path.read_text())["log"] if log_path.is_file() else []
+    init_from = training.get("recipe", {}).get("init_from")
     return {
         "name": run_dir.name,
         "response_tokens": training["data"]["response_tokens"],
@@ -28,6 +30,7 @@ def run_row(run_dir: str | Path) -> dict:
         "steps": training.get("steps_done"),
         "train_seconds": training.get("train_seconds"),
         "recipe": training.get("recipe", {}),
+        "follows": Path(init_from).name if init_from else None,
         "loss_curve": [[r["step"], r["rows"], r["loss"]] for r in log[:: max(1, len(log) // 200)]],
     }
 
@@ -41,7 +44,11 @@ def write_curve(rows: Sequence[dict], out: str | Path) -> tuple[Path, Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out.with_suffix(".json"), out.with_suffix(".png")
-    json_path.write_text(json.dumps(list(rows), indent=1) + "\n")
+    rows, ends = [dict(r) for r in rows], {}
+    for r in rows:  # a continued run's steps count on from the end of the run it started from
+        r["first_step"] = ends.get(r.get("follows"), 0)
+        ends[r["name"]] = r["first_step"] + (r.get("steps") or 0)
+    json_path.write_text(json.dumps(rows, indent=1) + "\n")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for block in ("B4", "B8"):
         points = sorted((r["response_tokens"], r["held_out"][block]["tau"]) for r in rows if block in r["held_out"])
@@ -57,10 +64,10 @@ def write_curve(rows: Sequence[dict], out: str | Path) -> tuple[Path, Path]:
     left.legend()
     for r in rows:
         if r.get("loss_curve"):
-            right.plot([step for step, _, _ in r["loss_curve"]], [loss for _, _, loss in r["loss_curve"]],
-                       label=r["name"])
+            steps = [r["first_step"] + step for step, _, _ in r["loss_curve"]]
+            right.plot(steps, [loss for _, _, loss in r["loss_curve"]], label=r["name"])
     right.set_yscale("log")
-    right.set_xlabel("training step")
+    right.set_xlabel("training step (continued runs count on)")
     right.set_ylabel("training loss")
     right.set_title("training loss")
     if any(r.get("loss_curve") for r in rows):

@@ -438,7 +438,12 @@ def test_learning_curve_reads_run_records(trained, tmp_path):
     out, _, _ = trained
     row = run_row(out)
     assert row["steps"] == 150 and len(row["loss_curve"]) >= 100 and row["held_out"] == {}
+    assert row["follows"] is None
     extra = {"name": "older", "response_tokens": 1000, "held_out": {"B8": {"tau": 1.5}}}
-    json_path, png_path = write_curve([{**row, "held_out": {"B8": {"tau": 2.0}}}, extra], tmp_path / "curve")
-    assert [r["name"] for r in json.loads(json_path.read_text())] == [out.name, "older"]
+    continued = {**row, "name": "continued", "follows": out.name, "steps": 40}
+    json_path, png_path = write_curve([{**row, "held_out": {"B8": {"tau": 2.0}}}, extra, continued],
+                                      tmp_path / "curve")
+    written = json.loads(json_path.read_text())
+    assert [r["name"] for r in written] == [out.name, "older", "continued"]
+    assert [r["first_step"] for r in written] == [0, 0, 150]  # the continued run counts on from 150
     assert png_path.stat().st_size > 10_000
