@@ -36,6 +36,7 @@ import jax
 
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode
+from sgl_dflash.server_args import DTYPES
 from sgl_dflash.tools import datasets
 from sgl_dflash.tools.bench_roofline import measure_machine, roofline, target_bytes
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
@@ -170,6 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--context-length", type=int, default=None,
                         help="default: what a user gets (the target's max_position_embeddings)")
     parser.add_argument("--max-running-requests", type=int, default=None, help="default: the server default")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="the target's dtype (default: the engine's auto = float32 on CPU, bfloat16 elsewhere; "
+                             "greedy outputs are token-identical to NONE's in float32)")
     parser.add_argument("--dataset", default=None, choices=datasets.BENCH_DATASETS,
                         help="prompts from this benchmark set (sgl_dflash.tools.datasets, e.g. mt-bench) "
                              "instead of the demo questions")
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         common["context_length"] = args.context_length
     if args.max_running_requests is not None:
         common["max_running_requests"] = args.max_running_requests
+    if args.dtype is not None:
+        common["dtype"] = args.dtype
     engines = {"NONE": Engine(**common)}
     spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
                 speculative_token_map=args.speculative_token_map)
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {
         "model_path": args.model_path, "draft_path": args.draft_path, "max_new_tokens": args.max_new_tokens,
         "context_length": server_args.context_length, "max_running_requests": server_args.max_running_requests,
-        "max_total_tokens": server_args.max_total_tokens,
+        "max_total_tokens": server_args.max_total_tokens, "dtype": server_args.resolved_dtype,
         "num_prompts": len(prompts), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                  "load_avg": os.getloadavg()},
         "results": rows,

@@ -16,9 +16,9 @@ def test_roofline_rows_json_and_plot(tmp_path):
     out = tmp_path / "bench.json"
     report = bench_dflash.main(["--model-path", pair.target_dir, "--draft-path", pair.draft_dir, "--block-sizes", "4",
                                 "--batch-sizes", "1", "2", "--max-new-tokens", "6", "--context-length", "128",
-                                "--adaptive-bound", "4", "--roofline", "--out", str(out)])
+                                "--adaptive-bound", "4", "--roofline", "--dtype", "float32", "--out", str(out)])
     saved = json.loads(out.read_text())
-    assert saved["results"] == report["results"]
+    assert saved["results"] == report["results"] and saved["dtype"] == "float32"
     assert (tmp_path / "bench.png").stat().st_size > 0
     machine = saved["roofline_machine"]
     assert len(machine["readings"]) == 2  # before and after the engines ran
@@ -48,3 +48,10 @@ def test_batch_sizes_need_enough_prompts(tmp_path):
     with pytest.raises(SystemExit):
         bench_dflash.main(["--model-path", str(tmp_path), "--draft-path", str(tmp_path), "--block-sizes", "4",
                            "--batch-sizes", "8", "--out", str(tmp_path / "b.json")])
+
+
+def test_dtype_must_be_one_the_engine_serves(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_dflash.main(["--model-path", str(tmp_path), "--draft-path", str(tmp_path), "--dtype", "float16",
+                           "--out", str(tmp_path / "b.json")])
+    assert "--dtype: invalid choice: 'float16'" in capsys.readouterr().err
