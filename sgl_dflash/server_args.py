@@ -214,7 +214,8 @@ class ServerArgs:
             help="DFLASH: choose per request and per step how many drafts to verify (0 = a plain "
                  "decode step), maximizing expected tokens per second (docs/adaptive.md)")
         add("--speculative-token-map", default=None,
-            help="JSON list of token ids the drafter may propose (its lm_head shrinks to them)")
+            help="JSON list of token ids the drafter may propose (its lm_head shrinks to them); default: "
+                 "the map the drafter's config.json names, if any; 'none': the whole vocabulary")
         add("--random-seed", type=int, default=d["random_seed"].default)
         add("--disable-precompile", action="store_true", default=_precompile_disabled_by_env(),
             help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "

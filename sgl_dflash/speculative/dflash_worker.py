@@ -59,7 +59,7 @@ def validate_dflash_server_args(server_args, algorithm: str = "DFLASH") -> None:
     if not path:
         raise ServerArgsError(f"--speculative-algorithm {algorithm} needs --speculative-draft-model-path")
     target = target_dims(server_args.model_path)
-    read_model_config(path, "--speculative-draft-model-path")
+    draft_json = read_model_config(path, "--speculative-draft-model-path")
     try:
         draft = read_draft_config(path, target)
     except DraftCheckpointError as e:
@@ -78,8 +78,43 @@ def validate_dflash_server_args(server_args, algorithm: str = "DFLASH") -> None:
             f"--speculative-num-draft-tokens must be an integer in [2, {draft.block_size}] (the "
             f"drafter's block_size), got {block!r}"
         )
-    if getattr(server_args, "speculative_token_map", None) is not None:
-        read_token_map(server_args.speculative_token_map, draft.vocab_size)
+    server_args.speculative_token_map = default_token_map(server_args.speculative_token_map, path, draft_json)
+    token_map = token_map_file(server_args.speculative_token_map)
+    if token_map is not None:
+        read_token_map(token_map, draft.vocab_size)
+
+
+NO_TOKEN_MAP = "none"
+
+
+def default_token_map(flag: str | None, draft_dir: str, draft_json: dict) -> str | None:
+    """--speculative-token-map as given; when not given, the map the drafter's config.json names
+    (`"token_map": {"file": ...}`, beside its weights), like an EAGLE-3 checkpoint's reduced draft
+    vocabulary. `none` keeps the whole vocabulary (`token_map_file`).
+
+    Why a default: the drafter's lm_head over the whole vocabulary is most of a small drafter's
+    step on a CPU (propose 22.7 vs 12.0 ms with the shipped 8,192-id map, docs/performance.md
+    section 14), and a user who did not know the flag paid that on every step."""
+    if flag is not None:
+        return flag
+    declared = draft_json.get("token_map")
+    name = declared.get("file") if isinstance(declared, dict) else None
+    if not name:
+        return None
+    shipped = os.path.join(draft_dir, name)
+    if not os.path.isfile(shipped):
+        raise ServerArgsError(
+            f"--speculative-draft-model-path {draft_dir!r}: its config.json names the token map {name!r}, "
+            f"which is not there (pass --speculative-token-map FILE, or 'none' for the whole vocabulary)"
+        )
+    logger.info("drafting over the drafter's hot-token map %s (--speculative-token-map none: whole vocabulary)",
+                shipped)
+    return shipped
+
+
+def token_map_file(flag: str | None) -> str | None:
+    """The map file to read, or None (no flag, or `none`)."""
+    return None if flag is None or str(flag).strip().lower() == NO_TOKEN_MAP else flag
 
 
 def read_token_map(path: str, vocab_size: int) -> list[int]:
@@ -126,7 +161,7 @@ class DFlashWorker:
             max_context_len=server_args.context_length + self.block_size,
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
-            token_map=(None if server_args.speculative_token_map is None
+            token_map=(None if token_map_file(server_args.speculative_token_map) is None
                        else read_token_map(server_args.speculative_token_map, draft_config.vocab_size)),
         )
         self.drafting: set[int] = set()  # slots with drafter state

@@ -7,3 +7,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Converted models, prompt sets, the tiny pair and the JAX compilation cache.
 CACHE_DIR = Path(os.environ.get("SGL_DFLASH_CACHE", REPO_ROOT / "cache"))
+# The benchmarks' --speculative-token-map, which follows the server's flag.
+TOKEN_MAP_HELP = ("the drafter's hot-token map (JSON ids); default: the one its config.json names, if any; "
+                  "'none': the whole vocabulary")

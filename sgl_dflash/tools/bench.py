@@ -196,6 +196,7 @@ def run_bench(
     peer_block = peer_block_size or max(block_sizes)
     for block in block_sizes:
         engine = make_engine(target_dir, draft_dir, block, max_len, token_map)
+        results["token_map"] = engine.server_args.speculative_token_map  # the drafter's own when not given
         run_engine(engine, warm, max_new_tokens, f"warmup DFLASH B={block}")
         for name, rows in tokenized.items():
             run = run_engine(engine, rows, max_new_tokens, f"DFLASH B={block} {name}")
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--peer-prompts", type=int, default=3, help="prompts for the z-lab comparison (0: skip)")
     parser.add_argument("--speculative-token-map", default=None,
-                        help="hot-token map for the drafter (JSON ids), e.g. <drafter>/token_map.json")
+                        help=tools.TOKEN_MAP_HELP)
     parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
     args = parser.parse_args(argv)
     if args.num_prompts < 1:

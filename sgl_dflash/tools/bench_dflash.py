@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 
+from sgl_dflash import tools
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode
 from sgl_dflash.server_args import DTYPES
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--draft-path", default=None)
-    parser.add_argument("--speculative-token-map", default=None, help="hot-token map for the drafter (JSON ids)")
+    parser.add_argument("--speculative-token-map", default=None,
+                        help=tools.TOKEN_MAP_HELP)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -80,8 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--model-path", default=None, help="another target (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-path", default=None, help="its DFlash drafter (default: the shipped one)")
-    parser.add_argument("--speculative-token-map", default=None,
-                        help="hot-token map for the drafter (default: the shipped drafter's token_map.json)")
+    parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
     parser.add_argument("--tiny-pair", action="store_true", help="serve the small generated pair instead")
     parser.add_argument("--questions", nargs="+", default=None)
     args = parser.parse_args(argv)
@@ -95,7 +94,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.model_path = str(model_import.ensure_default_model())
         if args.draft_path is None:
             args.draft_path = str(DEFAULT_DRAFTER)
-            args.speculative_token_map = args.speculative_token_map or str(DEFAULT_DRAFTER / "token_map.json")
     if args.draft_path is None:
         parser.error("--model-path needs --draft-path (its DFlash drafter)")
     args.questions = args.questions or QUESTIONS
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": args.model_path,
         "drafter": args.draft_path,
         "block_size": args.block_size,
-        "token_map": args.speculative_token_map,
+        "token_map": engines["DFLASH"].server_args.speculative_token_map,  # the drafter's own by default
         "max_new_tokens": args.max_new_tokens,
         "none_tokens_per_s": round(none["tokens_per_s"], 1),
         "dflash_tokens_per_s": round(dflash["tokens_per_s"], 1),

@@ -240,6 +240,47 @@ def test_token_map_is_lossless_and_validated(trained_draft_dir, spec_prompts, no
         Engine(**engine_kwargs, speculative_token_map=str(token_map))
 
 
+def test_drafter_config_names_its_token_map(trained_draft_dir, spec_prompts, none_outputs, engine_kwargs, tmp_path):
+    """Without --speculative-token-map, the map the drafter's config.json names (`token_map.file`,
+    as the shipped drafter's does) is used; 'none' drafts over the whole vocabulary; a named file
+    that is missing is refused."""
+    import json
+    import shutil
+
+    from sgl_dflash.errors import ServerArgsError
+    from sgl_dflash.server_args import ServerArgs
+
+    params, expected, _ = none_outputs
+    draft = tmp_path / "draft"
+    shutil.copytree(trained_draft_dir, draft)
+    used = sorted({t for out in expected for t in out} | {t for p in spec_prompts for t in p})
+    ids = used[: max(2, len(used) // 2)]
+    (draft / "hot.json").write_text(json.dumps(ids))
+    config = json.loads((draft / "config.json").read_text())
+    config["token_map"] = {"file": "hot.json", "ids": len(ids)}
+    (draft / "config.json").write_text(json.dumps(config))
+    kwargs = dict(engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=str(draft),
+                  speculative_num_draft_tokens=8)
+
+    engine = Engine(**kwargs)
+    assert engine.server_args.speculative_token_map == str(draft / "hot.json")
+    np.testing.assert_array_equal(np.asarray(engine.scheduler.worker.proposer.token_map), ids)
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    engine.shutdown()
+    assert [o["output_ids"] for o in outs] == expected
+
+    # 'none' stays 'none' (SGLang's launcher checks its args, then ours, with the same value).
+    assert ServerArgs(**kwargs, speculative_token_map="None").check().speculative_token_map == "None"
+    (draft / "hot.json").unlink()
+    with pytest.raises(ServerArgsError, match="names the token map 'hot.json'"):
+        ServerArgs(**kwargs).check()
+    engine = Engine(**kwargs, speculative_token_map="none")
+    assert engine.scheduler.worker.proposer.token_map is None
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    engine.shutdown()
+    assert [o["output_ids"] for o in outs] == expected
+
+
 @pytest.mark.parametrize("drafter, block_size", [pytest.param("trained", 8, marks=pytest.mark.slow), ("random", 4), ("last_layer", 4)])
 def test_matches_reference_dflash_generate(drafter, block_size, monkeypatch, dflash_engine, spec_target_dir,
                                            random_draft_dir, trained_draft_dir, last_layer_draft_dir,
