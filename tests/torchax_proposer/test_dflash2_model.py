@@ -85,7 +85,9 @@ def test_eager_equals_torchax_jit(drafter):
         )
     assert greedy[2] is None and torch.equal(greedy[1], candidates)
     assert np.array_equal(sampled[0], path.numpy()) and np.array_equal(sampled[1], candidates.numpy())
-    np.testing.assert_allclose(np.asarray(sampled[2]), probs.numpy(), atol=1e-6, rtol=0)
+    # q is a softmax of scores that agree to ~1e-5 (the hidden states above): fp32 reduction
+    # order (XLA's threads vs torch's) moved a probability by 1.3e-6 in one CI run.
+    np.testing.assert_allclose(np.asarray(sampled[2]), probs.numpy(), atol=1e-5, rtol=0)
     assert not torch.equal(path[0], greedy[0][0])  # row 0 sampled another path than the greedy one
     assert torch.equal(path[1], greedy[0][1])  # row 1 (T = 0) is greedy
 
