@@ -144,6 +144,7 @@ class DFlashWorker:
 
         target_config = target_dims(server_args.model_path)
         draft_config = read_draft_config(server_args.speculative_draft_model_path, target_config)
+        token_map_path = token_map_file(server_args.speculative_token_map)
         self.block_size = server_args.speculative_num_draft_tokens or draft_config.block_size
         self.tokens_per_step = self.block_size  # a verify block writes B KV slots
         self.target_worker = TargetWorker(
@@ -161,8 +162,7 @@ class DFlashWorker:
             max_context_len=server_args.context_length + self.block_size,
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
-            token_map=(None if token_map_file(server_args.speculative_token_map) is None
-                       else read_token_map(server_args.speculative_token_map, draft_config.vocab_size)),
+            token_map=None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size),
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

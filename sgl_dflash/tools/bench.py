@@ -333,8 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--peer-prompts", type=int, default=3, help="prompts for the z-lab comparison (0: skip)")
-    parser.add_argument("--speculative-token-map", default=None,
-                        help=tools.TOKEN_MAP_HELP)
+    parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
     parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
     args = parser.parse_args(argv)
     if args.num_prompts < 1:

@@ -315,8 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None, help="target HF dir (default: converted SmolLM2-135M)")
     parser.add_argument("--draft-model-path", default=None, help=f"drafter (default: {DEFAULT_DRAFTER})")
-    parser.add_argument("--speculative-token-map", default=None,
-                        help=tools.TOKEN_MAP_HELP)
+    parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
     parser.add_argument("--datasets", nargs="+", default=list(SETS), choices=SETS)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--num-prompts", type=int, default=4,

@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--draft-path", default=None)
-    parser.add_argument("--speculative-token-map", default=None,
-                        help=tools.TOKEN_MAP_HELP)
+    parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=128)
