@@ -18,7 +18,9 @@ engine's finishing order, hence its prefill batches, can change while its policy
 need a third pass where the others are warm after one. A row that never got a compile-free pass
 says which engines' steps compiled in its measured pass and for how long; tokens/s leaves the
 seconds JAX spent compiling out (a compile is once per shape in a server's life; the step's own
-work stays in) and `full_tokens_per_s` keeps them.
+work stays in) and `full_tokens_per_s` keeps them. The headline tokens/s prices the pass's tail
+(its last requests, running with fewer beside them) at the rate of c requests in flight
+(`ClosedLoop`): a server at concurrency c has no tail.
 
 Writes <out>/concurrency.json (tokens/s, ratios to NONE and to the best fixed block, outputs equal to
 NONE's, chosen verify lengths) and <out>/concurrency.png (tokens/s per concurrency, one panel per set).
@@ -82,20 +84,29 @@ class ClosedLoop:
     """One engine serving `prompts` through its scheduler with `concurrency` requests in flight,
     one scheduler step at a time; `seconds` counts only this engine's own steps.
 
-    `tokens_per_s` is measured over the steps that ran with all c requests in flight (prefills of
-    joining requests included), less the seconds JAX spent compiling in them, i.e. a warm
-    server's throughput at concurrency c; `full_tokens_per_s` keeps the compile seconds
-    (`compile_seconds`, of all steps) and `all_steps_tokens_per_s` adds the pass's tail, where the
-    last requests run with fewer beside them. The tail is not the same for every engine: requests of equal length that
-    start together (NONE, 1 token per step) finish together and leave no tail, while speculation
-    staggers them. A compile is once per shape in a server's life, but its seconds in a measured
-    pass outweigh what the pass measures: adaptive's policy compiles a shape it explores."""
+    `steady_tokens_per_s` (the headline) is a warm server's throughput at concurrency c: the
+    pass's tokens over the seconds its prefills took plus its decode tokens at the rate of the
+    decode steps that ran with all c requests in flight, all less the seconds JAX spent compiling.
+    So the pass's tail, where the last requests run with fewer beside them, is priced at the
+    steady rate, and every prefill and every decode token is counted once. The tail is not the
+    same for every engine: requests of equal length that start together (NONE, 1 token per step)
+    finish together and leave none, while speculation staggers them.
+    `tokens_per_s` (the headline until 2026-11-26) counts only the steps that ran with c requests
+    in flight, prefills of joining requests included: every prefill of the pass, but not the tail's
+    decode tokens, so it undercounts a staggering engine's decode (at c = 8 with 2c prompts about
+    a fifth of adaptive's decode tokens fell in the tail); `full_tokens_per_s` is the same with the
+    compile seconds (`compile_seconds`, of all steps) kept, and `all_steps_tokens_per_s` counts
+    every step as it ran. A compile is once per shape in a server's life, but its seconds in a
+    measured pass outweigh what the pass measures: adaptive's policy compiles a shape it explores."""
 
     def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
         self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
         self.compiling_steps, self.compile_seconds, self.full_seconds, self.full_tokens = 0, 0.0, 0.0, 0
         self.full_compile_seconds = 0.0
+        # Warm seconds (compiles left out) of the prefill steps, and the decode tokens: all of
+        # them, and those of the decode steps with c requests in flight with those steps' seconds.
+        self.prefill_seconds, self.decode_tokens, self.full_decode_tokens, self.full_decode_seconds = 0.0, 0, 0, 0.0
         CompileCounter.install()
 
     @property
@@ -114,16 +125,25 @@ class ClosedLoop:
             self.scheduler.add_request(req)
             self.running.append(req)
         full, before = len(self.running) == self.concurrency, sum(len(r.output_ids) for r in self.running)
+        decode_steps = self.scheduler.stats["decode_steps"]
         self.scheduler.step()
         seconds = time.perf_counter() - start
         self.seconds += seconds
         compiling = CompileCounter.seconds - compile_seconds
         self.compiling_steps += CompileCounter.count > compiles
         self.compile_seconds += compiling
+        tokens = sum(len(r.output_ids) for r in self.running) - before
+        if self.scheduler.stats["decode_steps"] == decode_steps:  # a prefill step
+            self.prefill_seconds += seconds - compiling
+        else:
+            self.decode_tokens += tokens
+            if full:
+                self.full_decode_tokens += tokens
+                self.full_decode_seconds += seconds - compiling
         if full:  # c requests in flight: not the pass's tail, where the last requests run alone
             self.full_seconds += seconds
             self.full_compile_seconds += compiling
-            self.full_tokens += sum(len(r.output_ids) for r in self.running) - before
+            self.full_tokens += tokens
         for req in [r for r in self.running if r.finished]:
             self.running.remove(req)
             self.done[self.order[req.rid]] = req
@@ -132,7 +152,12 @@ class ClosedLoop:
         reqs = [self.done[i] for i in range(len(self.done))]
         tokens = sum(len(r.output_ids) for r in reqs)
         warm_seconds = self.full_seconds - self.full_compile_seconds
-        result = {"tokens": tokens, "seconds": self.seconds, "tokens_per_s": self.full_tokens / max(warm_seconds, 1e-9),
+        decode_rate = self.full_decode_tokens / max(self.full_decode_seconds, 1e-9)  # tokens/s at c in flight
+        steady_seconds = self.prefill_seconds + self.decode_tokens / max(decode_rate, 1e-9)
+        result = {"tokens": tokens, "seconds": self.seconds, "steady_tokens_per_s": tokens / max(steady_seconds, 1e-9),
+                  "prefill_seconds": self.prefill_seconds, "decode_tokens": self.decode_tokens,
+                  "full_decode_tokens": self.full_decode_tokens, "full_decode_seconds": self.full_decode_seconds,
+                  "tokens_per_s": self.full_tokens / max(warm_seconds, 1e-9),
                   "full_tokens_per_s": self.full_tokens / max(self.full_seconds, 1e-9),
                   "all_steps_tokens_per_s": tokens / self.seconds, "full_seconds": self.full_seconds,
                   "compiling_steps": self.compiling_steps, "compile_seconds": self.compile_seconds,
@@ -186,15 +211,21 @@ def make_engines(args) -> dict:
     return engines
 
 
+METRIC = "steady_tokens_per_s"  # the headline (ClosedLoop); "tokens_per_s" was until 2026-11-26
+
+
 def summarize(row: dict, fixed: list[str]) -> dict:
-    """Ratios of one (set, concurrency) row: each config / NONE, adaptive / best fixed block."""
-    none = row["NONE"]["tokens_per_s"]
-    best = max(fixed, key=lambda name: row[name]["tokens_per_s"]) if fixed else None
-    out = {"best_fixed": best}
-    for name, r in row.items():
-        out[f"{name}/NONE"] = r["tokens_per_s"] / none
-    if best is not None:
-        out["adaptive/best_fixed"] = row["adaptive"]["tokens_per_s"] / row[best]["tokens_per_s"]
+    """Ratios of one (set, concurrency) row: each config / NONE, adaptive / best fixed block, by
+    the headline metric; the same by `tokens_per_s` (c in flight only) under "... (c in flight)"."""
+    out = {}
+    for metric, suffix in ((METRIC, ""), ("tokens_per_s", " (c in flight)")):
+        none = row["NONE"][metric]
+        best = max(fixed, key=lambda name: row[name][metric]) if fixed else None
+        out["best_fixed" + suffix] = best
+        for name, r in row.items():
+            out[f"{name}/NONE{suffix}"] = r[metric] / none
+        if best is not None:
+            out["adaptive/best_fixed" + suffix] = row["adaptive"][metric] / row[best][metric]
     return out
 
 
@@ -253,31 +284,34 @@ def _machine() -> dict:
 
 def format_row(key: str, row: dict) -> str:
     r, s = row["results"], row["summary"]
-    cells = " ".join(f"{name} {v['tokens_per_s']:.1f}" for name, v in r.items())
+    cells = " ".join(f"{name} {v[METRIC]:.1f}" for name, v in r.items())
     extra = ""
     if "adaptive/best_fixed" in s:
         a = r["adaptive"]
         extra = (f" | adaptive/NONE {s['adaptive/NONE']:.2f} adaptive/{s['best_fixed']} {s['adaptive/best_fixed']:.2f}"
+                 f" (c in flight only: {s['adaptive/NONE (c in flight)']:.2f}, {s['adaptive/best_fixed (c in flight)']:.2f})"
                  f" | k {a['mean_verify_len']:.2f} no-spec {a['no_spec_fraction']:.2f}")
     exact = min(v["exact"] for v in r.values())
     compiled = ", ".join(f"{name} {v['compiling_steps']} ({v.get('compile_seconds', 0.0):.1f} s)"
                          for name, v in r.items() if v.get("compiling_steps"))
-    return (f"{key}: tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
+    return (f"{key}: steady tok/s {cells}{extra} | exact >= {exact}/{next(iter(r.values()))['num_prompts']}"
             f" | passes {row.get('passes', '?')}, steps that compiled (compile time left out of tok/s): {compiled or 'none'}")
 
 
 def format_table(results: dict) -> str:
     rows = results["rows"]
     configs = list(next(iter(rows.values()))["results"])
-    head = "| set | c | " + " | ".join(configs) + " | adaptive/NONE | adaptive/best fixed | adaptive k, no-spec | exact |"
+    head = ("| set | c | " + " | ".join(configs)
+            + " | adaptive/NONE | adaptive/best fixed | same, c in flight only | adaptive k, no-spec | exact |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for key, row in rows.items():
         set_name, c = key.split("/c=")
         r, s = row["results"], row["summary"]
         a = r["adaptive"]
         lines.append(
-            f"| {set_name} | {c} | " + " | ".join(f"{r[n]['tokens_per_s']:.1f}" for n in configs)
+            f"| {set_name} | {c} | " + " | ".join(f"{r[n][METRIC]:.1f}" for n in configs)
             + f" | {s['adaptive/NONE']:.2f} | {s.get('adaptive/best_fixed', float('nan')):.2f} ({s['best_fixed']})"
+            + f" | {s['adaptive/NONE (c in flight)']:.2f}, {s.get('adaptive/best_fixed (c in flight)', float('nan')):.2f}"
             + f" | {a['mean_verify_len']:.2f}, {a['no_spec_fraction']:.2f} | "
             + f"{min(v['exact'] for v in r.values())}/{a['num_prompts']} |")
     return "\n".join(lines)
@@ -298,9 +332,9 @@ def plot(results: dict, path: Path) -> Path:
         levels = [int(k.split("/c=")[1]) for k in keys]
         for name in configs:
             style = dict(lw=2.5, color="black") if name == "adaptive" else dict(lw=1, ls="--" if name == "NONE" else "-")
-            ax.plot(levels, [rows[k]["results"][name]["tokens_per_s"] for k in keys], marker="o", label=name, **style)
+            ax.plot(levels, [rows[k]["results"][name][METRIC] for k in keys], marker="o", label=name, **style)
         ax.set(xscale="log", xticks=levels, xticklabels=[str(c) for c in levels], title=set_name,
-               xlabel="concurrent requests", ylabel="tokens/s")
+               xlabel="concurrent requests", ylabel="tokens/s (steady)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

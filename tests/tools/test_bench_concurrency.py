@@ -45,21 +45,24 @@ def test_serve_keeps_concurrency_and_returns_the_engines_outputs(none_engine, df
     assert plain["outputs"] == expected and "tokens_per_step" not in plain
 
 
-def _result(tokens_per_s: float, exact: int = 4) -> dict:
-    return {"tokens_per_s": tokens_per_s, "exact": exact, "num_prompts": 4, "mean_verify_len": 2.5,
-            "no_spec_fraction": 0.25}
+def _result(steady: float, exact: int = 4, in_flight: float | None = None) -> dict:
+    return {"steady_tokens_per_s": steady, "tokens_per_s": steady if in_flight is None else in_flight, "exact": exact,
+            "num_prompts": 4, "mean_verify_len": 2.5, "no_spec_fraction": 0.25}
 
 
 def test_summary_table_and_plot(tmp_path):
-    row = {"NONE": _result(100.0), "B=4": _result(150.0), "B=8": _result(120.0), "adaptive": _result(165.0, exact=3)}
+    row = {"NONE": _result(100.0), "B=4": _result(150.0), "B=8": _result(120.0, in_flight=160.0),
+           "adaptive": _result(165.0, exact=3, in_flight=144.0)}
     summary = bc.summarize(row, ["B=4", "B=8"])
-    assert summary["best_fixed"] == "B=4"
+    assert summary["best_fixed"] == "B=4" and summary["best_fixed (c in flight)"] == "B=8"
     assert summary["adaptive/NONE"] == pytest.approx(1.65) and summary["B=8/NONE"] == pytest.approx(1.2)
     assert summary["adaptive/best_fixed"] == pytest.approx(1.1)
+    assert summary["adaptive/NONE (c in flight)"] == pytest.approx(1.44)
+    assert summary["adaptive/best_fixed (c in flight)"] == pytest.approx(0.9)
     results = {"rows": {f"mixed/c={c}": {"results": row, "summary": summary} for c in (1, 4)}}
     table = bc.format_table(results).splitlines()
     assert table[0].startswith("| set | c | NONE | B=4 | B=8 | adaptive |") and len(table) == 4
-    assert "| mixed | 4 | 100.0 | 150.0 | 120.0 | 165.0 | 1.65 | 1.10 (B=4) | 2.50, 0.25 | 3/4 |" == table[3]
+    assert "| mixed | 4 | 100.0 | 150.0 | 120.0 | 165.0 | 1.65 | 1.10 (B=4) | 1.44, 0.90 | 2.50, 0.25 | 3/4 |" == table[3]
     assert "exact >= 3/4" in bc.format_row("mixed/c=1", results["rows"]["mixed/c=1"])
     png = bc.plot(results, tmp_path / "c.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -97,3 +100,53 @@ def test_serve_warm_measures_the_first_pass_without_compiles(monkeypatch):
     compiling = iter([4, 2, 1, 0])
     row, passes = bc.serve_warm({}, [], 1, 8, max_passes=2)  # gives up: the last pass, as it is
     assert passes == 2 and row["adaptive"]["compiling_steps"] == 2
+
+
+class _FakeScheduler:
+    """A prefill costs 1 s per request, a decode step 0.5 s whatever its batch; the i-th request
+    to arrive emits rates[i % len(rates)] tokens per decode step (a speculative engine's requests
+    finish apart)."""
+
+    def __init__(self, clock: list[float], rates: list[int], max_new_tokens: int):
+        self.clock, self.rates, self.max_new_tokens = clock, rates, max_new_tokens
+        self.waiting, self.running, self.rate, self.stats = [], [], {}, {"decode_steps": 0}
+
+    def add_request(self, req) -> None:
+        self.rate[req.rid] = self.rates[len(self.rate) % len(self.rates)]
+        self.waiting.append(req)
+
+    def step(self) -> None:
+        if self.waiting:
+            self.clock[0] += 1.0 * len(self.waiting)
+            for req in self.waiting:
+                req.output_ids.append(0)
+            self.running, self.waiting = self.running + self.waiting, []
+        else:
+            self.clock[0] += 0.5
+            self.stats["decode_steps"] += 1
+            for req in self.running:
+                req.output_ids += [0] * min(self.rate[req.rid], self.max_new_tokens - len(req.output_ids))
+        for req in [r for r in self.running if len(r.output_ids) == self.max_new_tokens]:
+            req.finished_reason = {"type": "length"}
+            self.running.remove(req)
+
+
+@pytest.mark.parametrize("rates, steady, all_steps", [
+    ([1], 3.0, 3.0),  # equal finishes (NONE): no tail, every measure agrees
+    # 2 and 1 tokens a step: the last request decodes alone for 4 s (the tail); the steady rate
+    # prices its 8 tokens at the 6 tokens/s of two requests in flight.
+    ([2, 1], 36 / (4 + 32 / 6), 3.0),
+])
+def test_steady_rate_prices_the_tail_at_c_in_flight(monkeypatch, rates, steady, all_steps):
+    import types
+
+    clock = [0.0]
+    monkeypatch.setattr(bc, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    engine = types.SimpleNamespace(scheduler=_FakeScheduler(clock, rates, max_new_tokens=9))
+    loop = bc.ClosedLoop(engine, [[1, 2, 3]] * 4, concurrency=2, max_new_tokens=9)
+    while not loop.finished:
+        loop.step()
+    result = loop.result()
+    assert result["tokens"] == 36 and result["prefill_seconds"] == 4.0 and result["decode_tokens"] == 32
+    assert result["steady_tokens_per_s"] == pytest.approx(steady)
+    assert result["all_steps_tokens_per_s"] == pytest.approx(all_steps)
