@@ -320,6 +320,8 @@ class TargetRunner:
     def _jit_step(self, body: Callable, free_outputs: tuple[int, ...] = ()) -> Callable:
         """jit a step whose argument 1 is the pool (donated) and whose last output is the new pool;
         under tp the params and pool come in sharded and XLA partitions the step."""
+        if self.dtype == "float32":
+            body = _full_precision(body)
         if self.mesh is not None:
             body = sharding.shard_step(body, self.mesh, free_outputs)
         return jax.jit(body, donate_argnums=1)
@@ -379,6 +381,19 @@ def _per_row(rows: int, repeat: int, temperature, top_p, top_k) -> tuple[np.ndar
         array[: len(values)] = values
     out[2][:] = np.maximum(out[2], 0)
     return out
+
+
+def _full_precision(body: Callable) -> Callable:
+    """`body` with float32 matmuls at full precision. XLA:CPU already computes them so; GPU and TPU
+    default to fewer-bit passes (TF32 on an H100), under which a K-row verify block and a 1-row
+    decode step round differently and greedy DFLASH parts from greedy NONE (measured on an H100).
+    float32 is the exact-output configuration, so it means float32 everywhere."""
+
+    def full(*args):
+        with jax.default_matmul_precision("highest"):
+            return body(*args)
+
+    return full
 
 
 _norm_features = jax.jit(steps.norm_features, static_argnums=(2, 3))

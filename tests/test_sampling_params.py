@@ -75,6 +75,18 @@ def test_cli_flags_use_sglang_spelling(tiny_qwen3_dir):
     assert alias.speculative_num_draft_tokens == 4
 
 
+def test_unroll_layers_flag_reaches_the_target_runner(tiny_qwen3_dir):
+    from sgl_dflash.model_executor.target_worker import TargetWorker
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = ["--model-path", tiny_qwen3_dir, "--max-total-tokens", "256", "--skip-tokenizer-init"]
+    assert not ServerArgs.from_cli_args(parser.parse_args(argv)).unroll_layers
+    sa = ServerArgs.from_cli_args(parser.parse_args(argv + ["--unroll-layers"])).check()
+    runner = TargetWorker(sa).runner
+    assert runner.unroll_layers and isinstance(runner._step_params["layers"], (list, tuple))
+
+
 def test_server_args_refuse_bad_combinations(tiny_qwen3_dir, tmp_path):
     with pytest.raises(ServerArgsError, match="--model-path"):
         ServerArgs(model_path=str(tmp_path)).check()

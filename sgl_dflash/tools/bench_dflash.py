@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="with --dataset: how many prompts (default: the largest batch size)")
     parser.add_argument("--adaptive-bound", type=int, default=0, metavar="B",
                         help="also an adaptive engine (--speculative-adaptive) with this upper bound, e.g. 16")
+    parser.add_argument("--unroll-layers", action="store_true", help="the target's layers unrolled (ServerArgs)")
     parser.add_argument("--roofline", action="store_true",
                         help="measure bandwidth and matmul peak in the same run; each step vs its roofline")
     parser.add_argument("--out", default="bench_results/bench_dflash.json")
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         common["max_running_requests"] = args.max_running_requests
     if args.dtype is not None:
         common["dtype"] = args.dtype
+    if args.unroll_layers:
+        common["unroll_layers"] = True
     engines = {"NONE": Engine(**common)}
     spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
                 speculative_token_map=args.speculative_token_map)
@@ -274,6 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model_path": args.model_path, "draft_path": args.draft_path, "max_new_tokens": args.max_new_tokens,
         "context_length": server_args.context_length, "max_running_requests": server_args.max_running_requests,
         "max_total_tokens": server_args.max_total_tokens, "dtype": server_args.resolved_dtype,
+        "unroll_layers": server_args.unroll_layers, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "backend": jax.default_backend(),
         "num_prompts": len(prompts), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                  "load_avg": os.getloadavg()},
         "results": rows,

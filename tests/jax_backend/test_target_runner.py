@@ -258,3 +258,18 @@ def _elements(hlo_type: str) -> int:
     """Element count of the first array type in an HLO result, e.g. 'f32[4,8,2]{...} copy(...)'."""
     dims = hlo_type.strip().split("[", 1)[1].split("]", 1)[0]
     return int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+
+
+@pytest.mark.parametrize("dtype, precision", [("float32", "HIGHEST"), ("bfloat16", "DEFAULT")])
+def test_float32_steps_run_their_matmuls_at_full_precision(checkpoint, dtype, precision):
+    """float32 is the exact-output configuration: its matmuls ask for full precision, because a
+    GPU's default (TF32) made greedy DFLASH part from greedy NONE on an H100; bfloat16 keeps the
+    backend's default."""
+    r = TargetRunner(checkpoint, dtype=dtype, page_size=8, max_total_tokens=64, max_num_seqs=2)
+    seq = SeqInput([1, 2, 3], 0, r.allocator.allocate("p", 4))
+    batch, _ = r._batch([seq])
+    greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
+    r.sample([seq], [0.0], [1.0], [0])  # builds the greedy sample step
+    text = r._sample_steps["greedy"].lower(r._step_params, r.kv_pool, batch, *greedy, None).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert dots and all(f"precision = [{precision}, {precision}]" in line for line in dots), dots[:3]
