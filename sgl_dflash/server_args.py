@@ -38,8 +38,9 @@ class ServerArgs:
     speculative_token_map: str | None = None
     random_seed: int = 0
     # The target's decoder layers as straight-line code instead of one lax.scan: no per-layer
-    # weight slices or loop carries (on an H100 the scan's step was ~1.4x the unrolled one), but
-    # each program shape compiles several times longer. Opt-in (jax_backend/runner.py).
+    # weight slices or loop carries (the bare jitted step on an H100: 3.83 -> 2.63 ms; through the
+    # Engine at batch 1 no measured gain yet, docs/performance.md section 15), but each program
+    # shape compiles several times longer. Opt-in (jax_backend/runner.py).
     unroll_layers: bool = False
     # JAX's persistent compilation cache (sgl_dflash/compilation_cache.py): None = the default
     # directory ($SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/...), "none" = off.
@@ -222,8 +223,8 @@ class ServerArgs:
                  "the map the drafter's config.json names, if any; 'none': the whole vocabulary")
         add("--random-seed", type=int, default=d["random_seed"].default)
         add("--unroll-layers", action="store_true",
-            help="run the target's decoder layers unrolled instead of as one scan: shorter steps on "
-                 "GPU/TPU, several times longer compiles (docs/performance.md)")
+            help="run the target's decoder layers unrolled instead of as one scan: no per-layer weight "
+                 "slices (a shorter bare step on an H100), several times longer compiles (docs/performance.md)")
         add("--disable-precompile", action="store_true", default=_precompile_disabled_by_env(),
             help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "
                  "startup (a shorter startup, stalls while serving)")
