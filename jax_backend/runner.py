@@ -389,6 +389,7 @@ def _full_precision(body: Callable) -> Callable:
     decode step round differently and greedy DFLASH parts from greedy NONE (measured on an H100).
     float32 is the exact-output configuration, so it means float32 everywhere."""
 
+    @functools.wraps(body.func if isinstance(body, functools.partial) else body)  # keeps the program's name
     def full(*args):
         with jax.default_matmul_precision("highest"):
             return body(*args)
