@@ -201,15 +201,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--batch-sizes {max(args.batch_sizes)} needs at least that many prompts, have "
                      f"{len(questions)}: pass --dataset (e.g. mt-bench) and --num-prompts")
     # The engine's defaults unless asked otherwise: a user's configuration, not a tuned one.
-    common = dict(model_path=args.model_path, random_seed=0)
+    common = dict(model_path=args.model_path, random_seed=0, unroll_layers=args.unroll_layers)
     if args.context_length is not None:
         common["context_length"] = args.context_length
     if args.max_running_requests is not None:
         common["max_running_requests"] = args.max_running_requests
     if args.dtype is not None:
         common["dtype"] = args.dtype
-    if args.unroll_layers:
-        common["unroll_layers"] = True
     engines = {"NONE": Engine(**common)}
     spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_path,
                 speculative_token_map=args.speculative_token_map)
