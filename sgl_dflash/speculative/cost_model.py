@@ -14,20 +14,23 @@ measurement the same prior gives relative costs, which is all a ratio of tokens 
 The draft cost is kept per (drafter batch bucket, draft block) the same way: the policy may draft
 a shorter block than the drafter's (fewer mask positions, a cheaper drafter step).
 
-The plain step of each batch bucket is the clock. The machine's speed drifts (a shared host ran
-1.5x slower for minutes), and a drafted shape is measured only while the policy chooses it: read
-while the machine was slow and compared with a plain step read later at full speed, it looked
-1.6x too costly and was never chosen, hence never read, again. So a drafted verify shape's or a
-draft's reading is kept with the plain step's cost of its batch bucket at that time, and
-predicted scaled by how that plain cost moved since: its ratio to the plain step is what was
-measured. The plain step itself is measured on every plain step (and at least every
-`refresh_every` steps, adaptive.py), so the clock stays current.
+The machine's speed is the clock. It drifts (a shared host ran 1.5x slower for minutes, and
+step to step by +-15%), and a program is measured only while the policy runs it: a drafted shape
+read while the machine was slow and compared with a plain step read later at full speed looked too
+costly and was never chosen, hence never read, again. So every reading is stored divided by the
+machine's speed at that moment, and predicted multiplied by its speed now. The speed is the median
+of the last `speed_window` readings of any program with a settled cost (at least
+`min_clock_readings` readings), each divided by that program's stored cost: every step reads it,
+drafted or plain, so a slow spell moves all predictions together within a few steps. (Until
+2026-11-27 the clock was the plain step of the batch bucket, read only on plain steps: at 32
+requests a drafted step's readings from a slow spell were scaled by plain readings from a fast
+one, the drafted step was predicted at 1.48x a plain step (median) where it measured 1.34x, and
+the policy ran 14 of 73 steps plain, at 93 tokens/s against its drafted steps' 112.)
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import statistics
 
 import numpy as np
@@ -44,15 +47,9 @@ def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
     return bucket(len(q_lens)), tokens, min(bucket(int(q_lens.max())), tokens)
 
 
-@functools.lru_cache(maxsize=None)
-def plain_shape(batch: int) -> tuple[int, int, int]:
-    """The shape of a plain decode step of `batch` requests (one token each)."""
-    return step_shape(np.ones(batch, np.int64))
-
-
 class CostModel:
     def __init__(self, window: int = 9, decay: float = 0.2, prior_rows: float = 16.0, unit: float = 1e-3,
-                 stale_after: int = 256, min_clock_readings: int = 3):
+                 stale_after: int = 256, min_clock_readings: int = 3, speed_window: int = 9):
         self.window = window  # measurements per shape whose median is its cost
         # A measurement this many steps old is stale: the machine's speed drifts (2x over minutes
         # on a shared host) while a shape that stopped being chosen is never measured again. A
@@ -61,16 +58,19 @@ class CostModel:
         self.stale_after = stale_after
         self.decay = decay  # weight of a new measurement in the running means (overhead, compiles)
         self.prior_rows = prior_rows
-        # The clock is trusted from this many plain readings on (a median of 1-2 is one outlier:
-        # batch 32's first plain step read 310 ms against ~170, and for 60 steps every drafted
-        # reading was stored against that clock, then predicted 27% too cheap once it settled).
+        # A program's readings tell the machine's speed from this many on (a median of 1-2 is one
+        # outlier: batch 32's first plain step read 310 ms against ~170, and for 60 steps every
+        # drafted reading was stored against that clock, then predicted 27% too cheap once it settled).
         self.min_clock_readings = min_clock_readings
+        # The machine's speed now (1.0: as fast as when the first programs were read): the median
+        # of the last `speed_window` readings of settled programs over their stored costs.
+        self._speeds: collections.deque = collections.deque(maxlen=speed_window)
+        self.speed = 1.0
         self.unit = unit  # seconds per row before anything is measured (only ratios matter then)
         # The medians as last measured (drafted shapes and drafts: see `_current` for today's).
         self.verify_s: dict[tuple[int, int, int], float] = {}
         self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
-        # ("verify" | "draft", key) -> (seconds, the clock then: the plain step's cost of the batch
-        # bucket, None for a plain step itself or before the clock was measured)
+        # ("verify" | "draft", key) -> its last readings, each divided by the speed when it was read
         self._samples: dict[tuple[str, tuple], collections.deque] = {}
         self._memo: dict[tuple[str, tuple], float] = {}  # `_current` until the next measurement
         self.overhead = 0.0
@@ -118,29 +118,22 @@ class CostModel:
         samples = self._samples.setdefault((name, key), collections.deque(maxlen=self.window))
         if not self.fresh(name, key):
             samples.clear()
-        samples.append((seconds, self._clock(name, key)))
+        if len(samples) >= self.min_clock_readings:  # a settled program: how fast is the machine now?
+            self._speeds.append(seconds / statistics.median(samples))
+            self.speed = statistics.median(self._speeds)
+        samples.append(seconds / self.speed)
         self._measured_at[(name, key)] = self._steps
         self._memo.clear()
         table[key] = self._current(name, key)
-
-    def _clock(self, name: str, key: tuple) -> float | None:
-        """The plain step's cost now, of the batch bucket a drafted shape or a draft belongs to
-        (None for a plain shape, or when the plain step of that bucket was never measured)."""
-        plain = plain_shape(key[0])
-        if (name == "verify" and key == plain) or self.readings(plain) < self.min_clock_readings:
-            return None
-        return self.verify_s.get(plain)
 
     def readings(self, shape: tuple[int, int, int]) -> int:
         """How many current measurements this verify shape's cost is the median of."""
         return len(self._samples.get(("verify", shape), ()))
 
     def _current(self, name: str, key: tuple) -> float:
-        """The median of a shape's samples, each scaled by how its clock moved since."""
+        """The median of a program's readings at the machine's speed now."""
         if (name, key) not in self._memo:  # (a plan asks for the same few shapes many times)
-            now = self._clock(name, key)
-            self._memo[(name, key)] = float(statistics.median(
-                seconds * now / then if now and then else seconds for seconds, then in self._samples[(name, key)]))
+            self._memo[(name, key)] = float(statistics.median(self._samples[(name, key)])) * self.speed
         return self._memo[(name, key)]
 
     def observe(self, shape: tuple[int, int, int], verify_s: float, draft_batch: int, draft_s: float,

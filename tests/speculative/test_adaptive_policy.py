@@ -65,7 +65,7 @@ def test_calibrator_learns_from_outcomes():
 
 
 def test_cost_model_measures_and_predicts():
-    cost = CostModel(window=3, min_clock_readings=1)
+    cost = CostModel(window=3)
     assert cost.verify((1, 2, 1)) < cost.verify((1, 8, 8))  # the prior already grows with rows
     cost.observe((4, 4, 1), 0.10, 0, 0.0, 0.01)
     cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.01, draft_block=4)
@@ -80,13 +80,16 @@ def test_cost_model_measures_and_predicts():
     for _ in range(2):
         cost.observe((4, 4, 1), 0.3, 0, 0.0, 0.01)
     assert cost.verify((4, 4, 1)) == pytest.approx(0.3)  # the window follows a lasting change
-    # The plain step of the batch bucket is the clock: what was measured beside it follows it.
-    assert cost.verify((4, 16, 4)) == pytest.approx(0.22 * 3) and cost.draft(3, 4) == pytest.approx(0.02 * 3)
+    # The machine's speed is the clock: the plain step, settled at 0.2, now reads 0.3, so what was
+    # measured before (at speed 1) is predicted 1.5x as costly.
+    assert cost.speed == pytest.approx(1.5)
+    assert cost.verify((4, 16, 4)) == pytest.approx(0.22 * 1.5) and cost.draft(3, 4) == pytest.approx(0.02 * 1.5)
 
 
 def test_the_clock_is_trusted_after_three_readings():
-    """A plain step read once or twice is no clock (one outlier is its median): readings taken
-    beside it are kept as they are, and the policy runs plain steps until it has three."""
+    """A program read once or twice tells nothing of the machine's speed (one outlier is its
+    median): readings taken beside it are kept as they are, and the policy runs plain steps until
+    the plain step has three."""
     cost = CostModel()
     cost.observe((4, 4, 1), 0.30, 0, 0.0, 0.0)  # the first plain step: an outlier
     cost.observe((4, 16, 4), 0.22, 4, 0.02, 0.0, draft_block=4)
@@ -95,9 +98,11 @@ def test_the_clock_is_trusted_after_three_readings():
     assert cost.verify((4, 4, 1)) == pytest.approx(0.10)
     assert cost.verify((4, 16, 4)) == pytest.approx(0.22)  # not 0.22 / 3: it was read against no clock
     cost.observe((4, 16, 4), 0.24, 4, 0.02, 0.0, draft_block=4)
-    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.0)  # the clock moved 0.10 -> 0.10 (median) -> ...
-    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.0)  # ... 0.20: the reading taken at 0.10 doubles
-    assert cost.verify((4, 16, 4)) == pytest.approx(statistics.median([0.22, 0.48]))
+    assert cost.speed == 1.0  # no program settled yet
+    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.0)  # the settled plain step (0.10) reads 0.20: speed 2
+    cost.observe((4, 4, 1), 0.20, 0, 0.0, 0.0)
+    assert cost.speed == pytest.approx(2.0) and cost.verify((4, 4, 1)) == pytest.approx(0.20)
+    assert cost.verify((4, 16, 4)) == pytest.approx(2 * statistics.median([0.22, 0.24]))  # read at speed 1
 
     policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, min_gain=0.0)
     for slot in range(4):
@@ -351,6 +356,32 @@ def test_costs_follow_the_machine():
     assert policy.cost.draft(1, 4) == pytest.approx(0.0075 * 2 / 3)
     # 1 + 0.7 + 0.42 + 0.21 tokens in 0.0257 s beats 1 token in 0.018 s: it drafts again.
     assert policy.plan_drafts([0]).block == 4
+
+
+def test_a_slow_spell_read_on_drafted_steps_moves_the_plain_prediction_too():
+    """While the policy drafts, only drafted programs are read. A slow spell they read is the
+    machine's, so the plain step is predicted slower too and drafting, which still pays, goes on.
+    With the plain step as the clock (until 2026-11-27) the drafted step looked 1.6x a plain step
+    here instead of 1.33x, and at 32 requests the policy ran plain steps where drafting paid."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=0)
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = [0.6] + [0.05] * 6
+    for _ in range(5):  # settled at full speed: plain 0.30 s; one draft each 0.40 s + 0.02 s drafting
+        policy.cost.observe((4, 4, 1), 0.30, 0, 0.0, 0.0)
+        policy.cost.observe((4, 8, 2), 0.40, 4, 0.02, 0.0, draft_block=2)
+    blocks = []
+    for _ in range(8):  # the machine at 1.2x: every program 20% slower
+        plan = policy.plan_drafts(slots)
+        blocks.append(plan.block)
+        if plan.block:
+            policy.cost.observe((4, 8, 2), 0.48, 4, 0.024, 0.0, draft_block=plan.block)
+        else:
+            policy.cost.observe((4, 4, 1), 0.36, 0, 0.0, 0.0)
+    assert policy.cost.speed == pytest.approx(1.2)
+    assert policy.cost.verify((4, 4, 1)) == pytest.approx(0.36)  # never read in the slow spell
+    assert blocks == [2] * 8  # 6.4 tokens in 0.504 s beat 4 in 0.36 s by 13%
 
 
 def test_a_plain_outlier_moves_no_clocked_cost():
