@@ -264,6 +264,21 @@ def test_request_bias_follows_its_outcomes():
     assert policy.requests[8].bias == 0.0
 
 
+def _serve_steps(policy: AdaptivePolicy, slots: list[int], steps: int, drafted: tuple[float, float],
+                 plain: float) -> list[int]:
+    """Plans `steps` steps of 4 requests, each measured as its plan chose: a drafted step as a
+    verify of one draft per request (8 rows) and a draft of `drafted` seconds, a plain step as
+    `plain` seconds. The blocks planned."""
+    blocks = []
+    for _ in range(steps):
+        blocks.append(policy.plan_drafts(slots).block)
+        if blocks[-1]:
+            policy.cost.observe((4, 8, 2), drafted[0], 4, drafted[1], 0.0, draft_block=blocks[-1])
+        else:
+            policy.cost.observe((4, 4, 1), plain, 0, 0.0, 0.0)
+    return blocks
+
+
 def test_a_stale_plain_cost_is_measured_again():
     """Drafting stops the plain step's cost from being measured: a reading inflated by a burst
     of load would keep the policy drafting. Every `refresh_every` steps a step that would draft
@@ -286,14 +301,7 @@ def test_a_stale_plain_cost_is_measured_again():
         policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
     # The drafted step was read beside the burst's plain step, as 2/3 of it: it drafts, reads
     # the drafted step at 2x the plain one now, and stops drafting within a few steps for good.
-    plans = []
-    for _ in range(12):
-        plan = policy.plan_drafts(slots)
-        plans.append(plan.block)
-        if plan.block:
-            policy.cost.observe((4, 8, 2), 0.2, 4, 0.01, 0.0, draft_block=plan.block)
-        else:
-            policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    plans = _serve_steps(policy, slots, 12, drafted=(0.2, 0.01), plain=0.1)
     assert plans[6:] == [0] * 6
 
     policy = AdaptivePolicy(num_drafts=7, explore_every=0, probe_every=1000, refresh_every=4, min_gain=0.0,
@@ -324,14 +332,7 @@ def test_a_stale_drafted_cost_is_measured_again():
     for _ in range(9):  # drafting 2 tokens while the machine was slow: 0.2 s
         policy.cost.observe((4, 8, 2), 0.2, 4, 0.01, 0.0, draft_block=2)
     policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
-    blocks = []
-    for _ in range(40):
-        plan = policy.plan_drafts(slots)
-        blocks.append(plan.block)
-        if plan.block:  # the machine is fast again: 0.11 s (a plain step 0.1 s)
-            policy.cost.observe((4, 8, 2), 0.11, 4, 0.01, 0.0, draft_block=2)
-        else:
-            policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+    blocks = _serve_steps(policy, slots, 40, drafted=(0.11, 0.01), plain=0.1)  # the machine is fast again
     first = blocks.index(2)
     assert first >= 19  # not before the slow reading is stale
     # Measured again, drafting pays and it keeps drafting (until the plain cost, unmeasured
@@ -371,14 +372,7 @@ def test_a_slow_spell_read_on_drafted_steps_moves_the_plain_prediction_too():
     for _ in range(5):  # settled at full speed: plain 0.30 s; one draft each 0.40 s + 0.02 s drafting
         policy.cost.observe((4, 4, 1), 0.30, 0, 0.0, 0.0)
         policy.cost.observe((4, 8, 2), 0.40, 4, 0.02, 0.0, draft_block=2)
-    blocks = []
-    for _ in range(8):  # the machine at 1.2x: every program 20% slower
-        plan = policy.plan_drafts(slots)
-        blocks.append(plan.block)
-        if plan.block:
-            policy.cost.observe((4, 8, 2), 0.48, 4, 0.024, 0.0, draft_block=plan.block)
-        else:
-            policy.cost.observe((4, 4, 1), 0.36, 0, 0.0, 0.0)
+    blocks = _serve_steps(policy, slots, 8, drafted=(0.48, 0.024), plain=0.36)  # the machine at 1.2x
     assert policy.cost.speed == pytest.approx(1.2)
     assert policy.cost.verify((4, 4, 1)) == pytest.approx(0.36)  # never read in the slow spell
     assert blocks == [2] * 8  # 6.4 tokens in 0.504 s beat 4 in 0.36 s by 13%
