@@ -118,8 +118,9 @@ class CostModel:
         samples = self._samples.setdefault((name, key), collections.deque(maxlen=self.window))
         if not self.fresh(name, key):
             samples.clear()
-        if len(samples) >= self.min_clock_readings:  # a settled program: how fast is the machine now?
-            self._speeds.append(seconds / statistics.median(samples))
+        settled = statistics.median(samples) if len(samples) >= self.min_clock_readings else 0.0
+        if settled > 0 and seconds > 0:  # a settled program's reading: how fast is the machine now?
+            self._speeds.append(seconds / settled)
             self.speed = statistics.median(self._speeds)
         samples.append(seconds / self.speed)
         self._measured_at[(name, key)] = self._steps

@@ -83,6 +83,10 @@ def test_cost_model_measures_and_predicts():
     # The machine's speed is the clock: the plain step, settled at 0.2, now reads 0.3, so what was
     # measured before (at speed 1) is predicted 1.5x as costly.
     assert cost.speed == pytest.approx(1.5)
+    zero = CostModel()
+    for _ in range(4):  # a reading of 0 s (a timer's resolution) neither divides by zero nor sets the speed
+        zero.observe((4, 4, 1), 0.0, 0, 0.0, 0.0)
+    assert zero.speed == 1.0 and zero.verify((4, 4, 1)) == 0.0
     assert cost.verify((4, 16, 4)) == pytest.approx(0.22 * 1.5) and cost.draft(3, 4) == pytest.approx(0.02 * 1.5)
 
 
