@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -85,6 +86,20 @@ class DFlashConfig:
     def num_context_features(self) -> int:
         """Width of the context features the drafter consumes: one hidden state per target layer."""
         return len(self.target_layer_ids) * self.hidden_size
+
+    def check_token_map(self, token_map: Any) -> np.ndarray:
+        """A hot-token map's ids (int64 [K]), or ValueError naming what is wrong with it."""
+        ids = np.asarray(token_map, np.int64).reshape(-1)
+        if ids.size == 0 or ids.min() < 0 or ids.max() >= self.vocab_size or len(np.unique(ids)) != ids.size:
+            raise ValueError(f"token_map must hold distinct token ids in [0, {self.vocab_size})")
+        # DFlash 2: the selector's candidates are the top-K of the mapped logits, mapped back to
+        # token ids (its codebooks cover the whole vocabulary), so the map needs K ids.
+        if self.is_dflash2 and ids.size < self.selector_top_k:
+            raise ValueError(
+                f"token_map has {ids.size} ids, fewer than the DFlash 2 selector's "
+                f"selector_top_k={self.selector_top_k} (its candidates come from the map)"
+            )
+        return ids
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], *, num_target_layers: int | None = None) -> "DFlashConfig":

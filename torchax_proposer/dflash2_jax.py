@@ -42,13 +42,14 @@ def draft_path(
     key: jax.Array | None = None,
     *,
     read_len: int,
+    pending_rows: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None, Cache, Cache]:
     """`draft_block`'s inputs (see there) plus, for sampling, temperatures [n] (0 = greedy row)
     and a PRNG key. Returns (drafts [n, B-1] int32, candidates [n, B-1, K] int32, q [n, B-1, K]
     float32 or None when temperatures is None, k_cache, v_cache)."""
     hidden, k_cache, v_cache = draft_hidden(
         model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
-        read_len=read_len,
+        read_len=read_len, pending_rows=pending_rows,
     )
     path, candidates, probs = select_path(
         model, params, hidden[:, 1:], lm_head, bonus_tokens, temperatures=temperatures, key=key, token_map=token_map

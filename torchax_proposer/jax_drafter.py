@@ -115,12 +115,14 @@ def draft_block(
     token_map: jax.Array | None = None,
     *,
     read_len: int,
+    pending_rows: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, Cache, Cache]:
     """One draft for a batch, appending each sequence's pending context rows on the way.
 
     pending [max_num_seqs, C, n_aux*H]: the pending pool; pending[slots[i]] holds the context rows
     of sequence i not yet in its cache (first new_lens[i] real);
-    cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens + new_lens).
+    cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens + new_lens);
+    pending_rows >= max(new_lens): the pool rows the step reads (default all C).
     The block [bonus, MASK x (B-1)] sits at positions L .. L+B-1, L = cache_len + new_len.
     Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] float32, confidence [n, B-1]: each
     draft's probability under the drafter's softmax, k_cache, v_cache); the logits are needed
@@ -130,7 +132,7 @@ def draft_block(
     """
     hidden, k_cache, v_cache = draft_hidden(
         model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
-        read_len=read_len,
+        read_len=read_len, pending_rows=pending_rows,
     )
     with torchax.default_env():
         logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(hidden.dtype)))
@@ -168,6 +170,7 @@ def draft_hidden(
     bonus_tokens: jax.Array,
     *,
     read_len: int,
+    pending_rows: int | None = None,
 ) -> tuple[jax.Array, Cache, Cache]:
     """The drafter pass of `draft_block`: final-normed hidden states [n, B, H] of the blocks,
     and the caches with the pending rows appended. What turns them into drafts is the caller's
@@ -179,7 +182,10 @@ def draft_hidden(
     call to protect the read from the in-place write: ~0.5 s at the default context of 8192.
     """
     dtype = k_cache[0].dtype
-    features = pending[slots].astype(dtype)
+    # Only the first pending_rows rows of each pool row: every pool row is projected through the
+    # drafter's fc and K/V weights, and at 32 requests a pool 8 rows wide where at most 2 were
+    # real cost the adaptive worker's draft ~6 ms of ~45 (docs/adaptive.md).
+    features = pending[slots, :pending_rows].astype(dtype)
     k_cache, v_cache = extend_cache(model, params, k_cache, v_cache, features, new_lens, cache_lens, slots)
 
     batch = features.shape[0]

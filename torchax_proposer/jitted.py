@@ -27,13 +27,13 @@ class JittedDrafter:
         self.num_traces = 0
         self.draft = jax.jit(
             self._counted(functools.partial(draft_block, skeleton, block_size)),
-            static_argnames=("read_len",),
+            static_argnames=("read_len", "pending_rows"),
             donate_argnames=("k_cache", "v_cache"),
         )
         if config.is_dflash2:  # the selector's path instead of the argmax
             self.draft_path = jax.jit(
                 self._counted(functools.partial(draft_path, skeleton, block_size)),
-                static_argnames=("read_len",),
+                static_argnames=("read_len", "pending_rows"),
                 donate_argnames=("k_cache", "v_cache"),
             )
         self.extend = jax.jit(

@@ -82,17 +82,7 @@ class DFlashProposer:
         # shrinks from V rows to len(token_map) (on a CPU that read is most of a small drafter's time).
         self.token_map = None
         if token_map is not None:
-            ids = np.asarray(token_map, np.int64).reshape(-1)
-            if ids.size == 0 or ids.min() < 0 or ids.max() >= shape[0] or len(np.unique(ids)) != ids.size:
-                raise ValueError(f"token_map must hold distinct token ids in [0, {shape[0]})")
-            # DFlash 2: the selector's candidates are the top-K of the mapped logits, mapped back
-            # to token ids (its codebooks cover the whole vocabulary), so the map needs K ids.
-            if self.config.is_dflash2 and ids.size < self.config.selector_top_k:
-                raise ValueError(
-                    f"token_map has {ids.size} ids, fewer than the DFlash 2 selector's "
-                    f"selector_top_k={self.config.selector_top_k} (its candidates come from the map)"
-                )
-            self.token_map = jnp.asarray(ids, jnp.int32)
+            self.token_map = jnp.asarray(self.config.check_token_map(token_map), jnp.int32)
             self.lm_head = self.lm_head[self.token_map]
         self.params = model_params(self.model)
         self.k_cache, self.v_cache = init_draft_cache(self.model, max_num_seqs, max_context_len, self.dtype)
@@ -100,6 +90,9 @@ class DFlashProposer:
         # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.
         self.pending_bucket = next_power_of_two(self.block_size)
         self.pending = jnp.zeros((max_num_seqs, self.pending_bucket, self.num_features), self.dtype)
+        # The pool rows a draft reads (static): a sequence with more pending is flushed first (one
+        # more launch). The adaptive worker reads 2, what a plain step or a 1-draft verify commits.
+        self.draft_pending_rows = self.pending_bucket
         # A tensor-parallel target's embed / lm_head live on a device mesh (used as they are); the
         # small drafter's arrays are replicated over it: one fixed placement, no per-call transfers.
         replicated = replicated_over(target_embed)
@@ -197,10 +190,9 @@ class DFlashProposer:
             if not (return_logits or return_confidence):
                 return empty
             return empty, np.zeros(empty.shape + ((self.config.vocab_size,) if return_logits else ()), np.float32)
-        states, inputs, read_len = batch
+        states, inputs, statics = batch
         tokens, logits, confidence, self.k_cache, self.v_cache = jit.draft(
-            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
-            read_len=read_len,
+            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map, **statics
         )
         self._drafted(states)
         if return_confidence:
@@ -239,14 +231,14 @@ class DFlashProposer:
             shape = (0, block - 1)
             return DraftPath(np.zeros(shape, np.int32), np.zeros((*shape, top_k), np.int32),
                              np.zeros((*shape, top_k), np.float32) if sampling else None)
-        states, inputs, read_len = batch
+        states, inputs, statics = batch
         if sampling:  # padding rows are greedy
             padded = np.zeros(inputs[-1].shape[0], np.float32)
             padded[: len(states)] = temperatures
             temperatures = jax.device_put(padded)
         tokens, candidates, probs, self.k_cache, self.v_cache = jit.draft_path(
             self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
-            temperatures, key, read_len=read_len,
+            temperatures, key, **statics,
         )
         self._drafted(states)
         n = len(states)
@@ -317,9 +309,9 @@ class DFlashProposer:
         for state, count in zip(states, counts):
             state.num_pending += count + 1
 
-    def _draft_batch(self, seq_ids: Sequence[Any], bonus_tokens: Any) -> tuple[list[_SeqState], tuple, int] | None:
+    def _draft_batch(self, seq_ids: Sequence[Any], bonus_tokens: Any) -> tuple[list[_SeqState], tuple, dict] | None:
         """Checks a propose call and pads it to a power-of-two batch: (states, the draft step's
-        inputs from `pending` to `bonus_tokens`, read_len), or None for an empty batch."""
+        inputs from `pending` to `bonus_tokens`, its static read_len and pending_rows), or None."""
         states = [self._state(s) for s in seq_ids]
         if len(set(seq_ids)) != len(seq_ids):
             raise DrafterStateError(f"duplicate sequence ids in propose: {list(seq_ids)}")
@@ -337,13 +329,14 @@ class DFlashProposer:
         slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
         cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-        read_len = self.read_len(seq_ids)
+        self._flush([s for s in states if s.num_pending > self.draft_pending_rows])
+        statics = dict(read_len=self.read_len(seq_ids), pending_rows=self.draft_pending_rows)
         inputs = (
             self.pending,
             *jax.device_put([new_lens, cache_lens, slots]),
             jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
         )
-        return states, inputs, read_len
+        return states, inputs, statics
 
     def read_len(self, seq_ids: Sequence[Any]) -> int:
         """The cache window a draft of these sequences reads: their committed context (cached +

@@ -206,19 +206,24 @@ def test_double_commit(dirs, target_head):
     assert_same_state(proposer, 0, fresh, 0)
 
 
-def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head):
+@pytest.mark.parametrize("draft_pending_rows", [BLOCK, 2])
+def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head, draft_pending_rows):
     """The adaptive worker's plain steps: commit_block without a propose between appends to the
     pending rows (flushed to the cache when the bucket is full); the state equals a fresh
     proposer's, and the confidences are the drafts' softmax probabilities. The verify batch is
     padded (4 rows for 2 sequences, as the runner pads it) and the two sequences hold every slot:
-    a padding row written anywhere would show."""
+    a padding row written anywhere would show. With draft_pending_rows 2 (the adaptive worker's),
+    drafts read 2 pending rows and flush the sequences with more first."""
     rng = np.random.default_rng(6)
     proposer = make_proposer(dirs, target_head, max_num_seqs=2)
+    proposer.draft_pending_rows = draft_pending_rows
+    flushed, flush = [], proposer._flush
+    proposer._flush = lambda states: (flushed.append(len(states)) if states else None, flush(states))
     history = {"a": [rows(rng, 5)], "b": [rows(rng, 9)]}
     for seq, prompt in history.items():
         proposer.add(seq, prompt[0])
     # Per step: which sequences were drafted, and the accepted counts (0 for undrafted ones).
-    steps = [({"a", "b"}, [2, 0]), (set(), [0, 0]), ({"a"}, [3, 0]), (set(), [0, 0])] + [(set(), [0, 0])] * 9
+    steps = [({"a", "b"}, [1, 0]), ({"a", "b"}, [2, 0]), (set(), [0, 0]), ({"a"}, [3, 0]), (set(), [0, 0])] + [(set(), [0, 0])] * 9
     steps += [({"b"}, [0, 5]), ({"a", "b"}, [1, 7])]
     for drafted, accepted in steps:
         if drafted:
@@ -238,6 +243,10 @@ def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head):
     np.testing.assert_allclose(confidence, expected, atol=1e-5, rtol=0)
     for seq in history:
         assert_same_state(proposer, seq, fresh, seq)
+    # Rows pending before each draft (a / b): 0 / 0, 2 / 1, 4 / -, - / 5, 7 / 6 and the last 2 / 8,
+    # so with 2 rows read, a, b, both and b are flushed first; and in the run of plain steps a full
+    # pool flushes a, then b (both settings).
+    assert flushed == ([1, 1, 1, 1, 2, 1] if draft_pending_rows == 2 else [1, 1])
 
 
 def test_shorter_draft_block_equals_a_proposer_of_that_block(dirs, target_head):
