@@ -184,7 +184,7 @@ def draft_hidden(
     dtype = k_cache[0].dtype
     # Only the first pending_rows rows of each pool row: every pool row is projected through the
     # drafter's fc and K/V weights, and at 32 requests a pool 8 rows wide where at most 2 were
-    # real cost the adaptive worker's draft ~6 ms of ~45 (docs/adaptive.md).
+    # real cost the adaptive worker's draft ~6 ms of ~50 (docs/adaptive.md).
     features = pending[slots, :pending_rows].astype(dtype)
     k_cache, v_cache = extend_cache(model, params, k_cache, v_cache, features, new_lens, cache_lens, slots)
 
