@@ -3,7 +3,8 @@
 State of a sequence with committed length L (tokens whose target K/V is final):
   - its cache slot holds context K/V of positions 0 .. cache_len-1,
   - its row of the pending pool holds the target features of positions cache_len .. L-1 (at most
-    one bucket's worth), projected and appended by the next `propose` inside the same jitted call.
+    one bucket's worth), projected and appended by the next `propose` inside the same jitted call
+    (beyond `draft_pending_rows` of them, by a flush just before it).
 So cache_len + num_pending == L at all times: the drafter never holds anything of an unverified draft.
 The pending rows of all sequences live in one device array [max_num_seqs, bucket, n_aux*H] indexed
 by cache slot, so that a commit is one donated scatter and a draft one gather, whatever the batch.
@@ -323,13 +324,14 @@ class DFlashProposer:
         if not np.issubdtype(bonus.dtype, np.integer) or bonus.min() < 0 or bonus.max() >= self.config.vocab_size:
             raise DrafterStateError(f"bonus tokens must be token ids in [0, {self.config.vocab_size}), got {bonus}")
 
+        # Rows past what the draft reads go to the caches first; the draft then sees them cached.
+        self._flush([s for s in states if s.num_pending > self.draft_pending_rows])
         batch = next_power_of_two(len(states))
         pad = batch - len(states)
         # Padding rows: slot 0, nothing cached, nothing pending -> they only write the trash row.
         slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
         cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-        self._flush([s for s in states if s.num_pending > self.draft_pending_rows])
         statics = dict(read_len=self.read_len(seq_ids), pending_rows=self.draft_pending_rows)
         inputs = (
             self.pending,
