@@ -85,16 +85,19 @@ class Calibrator:
         estimate, and the no-confidence one)."""
         return self.position_hits[mode] / self.position_trials[mode]
 
-    def observe(self, mode: int, confidence: np.ndarray | None, outcomes: np.ndarray) -> None:
-        """outcomes[j] for the observed positions 0 .. len(outcomes)-1 (1 = accepted), drafted
-        with `confidence` (None: a drafter without confidences; only the positions learn)."""
-        m = len(outcomes)
+    def observe(self, modes: np.ndarray, confidence: np.ndarray | None, outcomes: np.ndarray,
+                observed: np.ndarray) -> None:
+        """Outcomes [n, P] (1 = accepted) of n requests' drafts at the positions where `observed`
+        [n, P] is set, drafted in `modes` [n] with `confidence` [n, P] (None: a drafter without
+        confidences; only the positions learn). One scatter for the whole batch."""
+        rows, positions = np.nonzero(observed)
+        modes, hits = np.asarray(modes)[rows], outcomes[rows, positions]
         if confidence is not None:
-            cells = (mode, np.arange(m), self.bins(confidence[:m]))
-            np.add.at(self.hits, cells, outcomes)
+            cells = (modes, positions, self.bins(confidence[rows, positions]))
+            np.add.at(self.hits, cells, hits)
             np.add.at(self.trials, cells, 1.0)
-        self.position_hits[mode, :m] += outcomes
-        self.position_trials[mode, :m] += 1.0
+        np.add.at(self.position_hits, (modes, positions), hits)
+        np.add.at(self.position_trials, (modes, positions), 1.0)
 
 
 @dataclasses.dataclass
@@ -325,20 +328,25 @@ class AdaptivePolicy:
         observed when j <= min(a_i + 1, k_i)."""
         limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)
-        for i, slot in enumerate(slots):
-            state = self._state(slot)
-            if not drafted[i]:
-                state.idle += 1
-                state.estimate += self.idle_relax * (state.mean - state.estimate)
-                continue
-            state.idle = 0
-            seen = min(int(accepted[i]) + 1, int(verified[i]))
-            outcomes = (np.arange(seen) < accepted[i]).astype(np.float64)
-            # What this step observed: the calibrated confidences, or without them the outcomes.
-            cells, observed = (slice(0, limit), alpha[i, :limit]) if confidence is not None else (slice(0, seen), outcomes)
-            state.estimate[cells] = (1 - self.estimate_decay) * state.estimate[cells] + self.estimate_decay * observed
-            state.mean[cells] = (1 - self.mean_decay) * state.mean[cells] + self.mean_decay * observed
-            self.calibrator.observe(int(modes[i]), None if confidence is None else confidence[i], outcomes)
-            if seen:
-                step = self.learning_rate * (outcomes - alpha[i, :seen]).sum()
-                state.bias = float(np.clip(state.bias + step, -3, 3))
+        states = [self._state(s) for s in slots]
+        estimate, mean = np.stack([s.estimate for s in states]), np.stack([s.mean for s in states])
+        drafted = np.asarray(drafted, bool)
+        accepted, positions = np.asarray(accepted), np.arange(estimate.shape[1])[None, :]
+        seen = np.where(drafted, np.minimum(accepted + 1, verified), 0)
+        observed = positions < seen[:, None]
+        outcomes = (positions < accepted[:, None]).astype(np.float64)
+        # What this step observed: the calibrated confidences of the drafted block, or without
+        # them the outcomes. An undrafted request moves `idle_relax` of the way to its mean.
+        cells, value = ((drafted[:, None] & (positions < limit), alpha) if confidence is not None
+                        else (observed, outcomes))
+        idle = ~drafted[:, None]
+        estimate = np.where(cells, (1 - self.estimate_decay) * estimate + self.estimate_decay * value,
+                            np.where(idle, estimate + self.idle_relax * (mean - estimate), estimate))
+        mean = np.where(cells, (1 - self.mean_decay) * mean + self.mean_decay * value, mean)
+        self.calibrator.observe(modes, confidence, outcomes, observed)
+        steps = self.learning_rate * np.where(observed, outcomes - alpha, 0.0).sum(axis=1)
+        for i, state in enumerate(states):
+            state.estimate, state.mean = estimate[i], mean[i]
+            state.idle = 0 if drafted[i] else state.idle + 1
+            if seen[i]:
+                state.bias = float(np.clip(state.bias + steps[i], -3, 3))

@@ -52,14 +52,14 @@ def test_calibrator_learns_from_outcomes():
     prior = cal.alpha(np.array([GREEDY]), conf)[0]
     assert prior == pytest.approx([0.95] * 3)
     for _ in range(50):  # confident drafts that the target rejects at position 1
-        cal.observe(GREEDY, conf[0], np.array([1.0, 0.0]))
+        cal.observe(np.array([GREEDY]), conf, np.array([[1.0, 0.0, 0.0]]), np.array([[True, True, False]]))
     after = cal.alpha(np.array([GREEDY]), conf)[0]
     assert after[0] > 0.95 and after[1] < 0.2 and after[2] == pytest.approx(0.95)  # 3 never seen
     assert cal.alpha(np.array([SAMPLED]), conf)[0] == pytest.approx(prior)  # modes are separate
     # A new request's estimate: the outcomes per position (not the prior of 10 confidence bins).
     means = cal.position_means(GREEDY)
     assert means[0] > 0.95 and means[1] < 0.05 and means[2] == pytest.approx(0.5)
-    cal.observe(SAMPLED, None, np.array([1.0]))  # a drafter without confidences: positions only
+    cal.observe(np.array([SAMPLED]), None, np.array([[1.0, 0.0, 0.0]]), np.array([[True, False, False]]))  # positions only
     assert cal.position_means(SAMPLED)[0] == pytest.approx(2 / 3)
     assert cal.alpha(np.array([SAMPLED]), conf)[0] == pytest.approx(prior)
 
