@@ -60,8 +60,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
             precompile.sweep(self, contexts=contexts)
 
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
-        result = super().forward_extend(batch)
-        self._wait_for_drafter()  # its ingest of the prompts
+        result = super().forward_extend(batch)  # the drafter's ingest runs on behind the host
         for slot, temperature in zip(batch.slots, batch.sampling_info.temperatures):
             self.policy.add(slot, SAMPLED if temperature > 0 else GREEDY)
         return result
@@ -76,6 +75,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         info = batch.sampling_info
         modes = (info.temperatures > 0).astype(np.int64)
         compiled = self._compilations()
+        self._wait_for_drafter()  # the last steps' drafter work, left to run behind the host's
         t0 = time.perf_counter()
 
         # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes), `block` tokens,
@@ -134,7 +134,6 @@ class AdaptiveDFlashWorker(DFlashWorker):
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
-        self._wait_for_drafter()  # its commit (and a flush of pending rows)
         t4 = time.perf_counter()
         if self._compilations() == compiled:
             self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
@@ -161,9 +160,11 @@ class AdaptiveDFlashWorker(DFlashWorker):
         return np.zeros(n, np.int32), out.tokens, self.plain_block(out.device_features)
 
     def _wait_for_drafter(self) -> None:
-        """The drafter's work runs asynchronously; left running, it was timed as the next step's
-        verify (batch 32: the first plain steps read 351 ms against ~180 after the prompts'
-        ingest), and the policy took plain steps for dearer than they are."""
+        """The drafter's work runs asynchronously: its commit and a prompt's ingest overlap the
+        scheduler's host work between steps, and what is left is waited for before a decode
+        step's clock starts. Left running into the step, it was timed as the step's verify (batch
+        32: the first plain steps read 351 ms against ~180 after the prompts' ingest), and the
+        policy took plain steps for dearer than they are."""
         jax.block_until_ready((self.proposer.k_cache, self.proposer.pending))
 
     def _compilations(self) -> int:
