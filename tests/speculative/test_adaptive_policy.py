@@ -484,3 +484,36 @@ def test_hopeless_probes_are_not_run():
 
     assert probe_plan(0.010).block == 2  # 1.3 tokens in 0.032 s: 0.81x the plain rate, probed
     assert probe_plan(0.030).block == 0  # 1.3 tokens in 0.052 s: 0.5x, not
+
+
+@pytest.mark.parametrize("with_confidence, n", [(False, 6), (True, 2)])
+def test_observing_a_batch_equals_observing_its_requests_one_by_one(with_confidence, n):
+    """observe() updates all requests of a step at once (one vectorized pass); the result is what
+    observing each request alone gives: estimates, means, offsets, idle counts and calibration.
+    (With confidences, a step's calibrated alphas are read before any of its outcomes are learnt,
+    so the two agree where the requests share no calibration cell: one greedy, one sampled.)"""
+    rng = np.random.default_rng(3)
+    P = 7
+    together, alone = AdaptivePolicy(num_drafts=P), AdaptivePolicy(num_drafts=P)
+    for policy in (together, alone):
+        for slot in range(n):
+            policy.add(slot, slot % 2)
+    modes = np.arange(n) % 2
+    for _ in range(40):
+        drafted = rng.random(n) < 0.6
+        block = int(rng.choice([2, 4, 8]))
+        confidence = rng.random((n, P)) if with_confidence else None
+        verified = np.where(drafted, rng.integers(0, block, n), 0)
+        accepted = np.minimum(rng.integers(0, block, n), verified)
+        together.observe(list(range(n)), modes, drafted, confidence, verified, accepted, block)
+        for i in range(n):
+            alone.observe([i], modes[i:i + 1], drafted[i:i + 1], None if confidence is None else confidence[i:i + 1],
+                          verified[i:i + 1], accepted[i:i + 1], block)
+    for slot in range(n):
+        a, b = together.requests[slot], alone.requests[slot]
+        np.testing.assert_allclose(a.estimate, b.estimate, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=1e-12)
+        assert a.bias == pytest.approx(b.bias, abs=1e-12) and a.idle == b.idle
+    assert any(together.requests[s].bias != 0 for s in range(n))  # the offsets did learn
+    for table in ("hits", "trials", "position_hits", "position_trials"):
+        np.testing.assert_array_equal(getattr(together.calibrator, table), getattr(alone.calibrator, table))
