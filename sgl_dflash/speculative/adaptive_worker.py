@@ -75,7 +75,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         info = batch.sampling_info
         modes = (info.temperatures > 0).astype(np.int64)
         compiled = self._compilations()
-        self._wait_for_drafter()  # the last steps' drafter work, left to run behind the host's
+        self._wait_for_drafter()  # what is left of the drafter's work that ran behind the scheduler
         t0 = time.perf_counter()
 
         # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes), `block` tokens,
