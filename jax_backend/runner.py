@@ -70,13 +70,12 @@ class ForwardOutput(_AuxViews):
 
 @dataclasses.dataclass(frozen=True)
 class SampleOutput(_AuxViews):
-    """`tokens`: np.int32 [n], one sampled token per sequence (from its last position);
-    `aux_hidden` and `features` as in `ForwardOutput`."""
+    """`tokens`: np.int32 [n], one sampled token per sequence (from its last position; `wait=False`:
+    every padded row's, left on the device); `aux_hidden` and `features` as in `ForwardOutput`."""
 
-    tokens: np.ndarray
+    tokens: np.ndarray | jax.Array
     aux: AuxRows = AuxRows()
-    # with `sample(..., device_features=True)`: the drafter's features [T, n_aux*H] (rows past n
-    # are padding), left on the device; `aux` is then empty
+    # `sample(..., device_features=True)`: the drafter's features [T, n_aux*H] on the device (rows past n pad); no `aux`
     device_features: jax.Array | None = None
 
 
@@ -219,13 +218,17 @@ class TargetRunner:
         top_k: Sequence[int],
         key: jax.Array | None = None,
         device_features: bool = False,
+        wait: bool = True,
     ) -> SampleOutput:
         """`forward`, then one token per sequence from its last position, sampled on the device
         with per-sequence parameters (as `sampling.sample`: temperature <= 0 is the argmax; the
         same draws for the same key and logits). Only the token ids come back to the host;
-        `device_features`: the drafter's features stay on the device too (`SampleOutput`)."""
+        `device_features`: the drafter's features stay on the device too (`SampleOutput`); with
+        `wait=False` the tokens too, unread, so that the caller's host work overlaps the step."""
         if any(seq.logits != "last" for seq in seqs):
             raise BatchError("sample: every sequence must ask for logits='last'")
+        if not (wait or device_features):
+            raise BatchError("sample: wait=False leaves the tokens on the device: it needs device_features=True")
         batch, layout = self._batch(seqs)
         rows = batch.logits_indices.shape[0]
         arrays = _per_row(rows, 1, temperature, top_p, top_k)
@@ -234,9 +237,10 @@ class TargetRunner:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
         tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
+        host_tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens
         if device_features:
-            return SampleOutput(np.asarray(tokens)[: len(seqs)], device_features=self.hidden_state_features(aux))
-        return SampleOutput(np.asarray(tokens)[: len(seqs)], self._aux_rows(aux, layout))
+            return SampleOutput(host_tokens, device_features=self.hidden_state_features(aux))
+        return SampleOutput(host_tokens, self._aux_rows(aux, layout))
 
     def verify(
         self,
@@ -352,20 +356,15 @@ class TargetRunner:
         for i, seq in enumerate(seqs):
             end = seq.start_pos + len(seq.token_ids)
             if end > self.max_model_len:
-                raise ContextLengthError(
-                    f"sequence {i}: {end} tokens (start_pos {seq.start_pos} + {len(seq.token_ids)} "
-                    f"new) exceed max_model_len {self.max_model_len}"
-                )
+                raise ContextLengthError(f"sequence {i}: {end} tokens (start_pos {seq.start_pos} + "
+                                         f"{len(seq.token_ids)} new) exceed max_model_len {self.max_model_len}")
             ids = np.asarray(seq.token_ids)
             if ids.size and (ids.min() < 0 or ids.max() >= vocab):
                 raise BatchError(f"sequence {i}: token ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
 
-        # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv`
-        # pads its scatter instead.
-        return build_batch(
-            seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq,
-            min_pages=self._min_pages, fine_tokens=fine_tokens, query_tiles=query_tiles,
-        )
+        # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv` pads its scatter.
+        return build_batch(seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_pages=self._min_pages,
+                           fine_tokens=fine_tokens, query_tiles=query_tiles)
 
     @property
     def _min_pages(self) -> int:

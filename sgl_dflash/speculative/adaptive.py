@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jax_backend.batch import bucket
-from sgl_dflash.speculative.cost_model import CostModel, step_shape
+from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, step_shape
 
 GREEDY, SAMPLED = 0, 1
 
@@ -111,13 +111,16 @@ class RequestState:
 
 
 def best_lengths(
-    gains: np.ndarray, step_cost: Callable[[np.ndarray], float]
+    gains: np.ndarray, shape_cost: Callable[[tuple[int, int, int]], float]
 ) -> tuple[np.ndarray, float]:
-    """The drafts k [n] to verify maximizing expected tokens / step_cost(q_lens = k + 1), and
-    that rate. gains [n, P]: g[i, m-1] = P(the first m drafts of request i are accepted), non-
-    increasing along m. step_cost depends on the step's shape only (`step_shape`)."""
+    """The drafts k [n] to verify maximizing expected tokens / shape_cost(step_shape(k + 1)),
+    and that rate. gains [n, P]: g[i, m-1] = P(the first m drafts of request i are accepted), non-
+    increasing along m. The cost depends on the step's shape only, so each candidate's shape is
+    computed here from its counts (as `step_shape` pads it) rather than from a lengths array:
+    the plan runs this for every draft block on every step, on the host, before the device works."""
     n, num_positions = gains.shape
-    best_k, best_rate = np.zeros(n, np.int64), n / step_cost(np.ones(n, np.int64))
+    num_seqs = bucket(n)
+    best_k, best_rate = np.zeros(n, np.int64), n / shape_cost((num_seqs, bucket(n, MIN_TOKEN_ROWS), 1))
     if num_positions == 0 or n == 0:
         return best_k, best_rate
     rows, cols = np.nonzero(gains > 0)
@@ -127,14 +130,13 @@ def best_lengths(
     while True:  # cap = longest block (bonus + drafts) allowed: the attention's Q bucket
         keep = cols < cap - 1
         r, v = rows[keep], np.cumsum(values[keep])
-        tokens = 2
-        while tokens < n:
-            tokens *= 2
+        tokens = bucket(n, MIN_TOKEN_ROWS)
         while True:  # every token-row bucket the allocation can reach
             extra = min(tokens - n, len(r))
             if extra > 0:
                 k = np.bincount(r[:extra], minlength=n)
-                rate = (n + v[extra - 1]) / step_cost(k + 1)
+                token_rows = bucket(n + extra, MIN_TOKEN_ROWS)
+                rate = (n + v[extra - 1]) / shape_cost((num_seqs, token_rows, min(bucket(int(k.max()) + 1), token_rows)))
                 if rate > best_rate:
                     best_k, best_rate = k, rate
             if extra >= len(r):
@@ -235,9 +237,16 @@ class AdaptivePolicy:
         plain_rate = n / self.step_cost(np.ones(n, np.int64))
         best_rate, best_k, block = plain_rate * (1 + self.min_gain), np.zeros(n, np.int64), 0
         probe_block, probe_rate = self.blocks[0], 0.0  # the drafting block valued most, paying or not
+        verify_costs: dict[tuple[int, int, int], float] = {}  # the blocks' allocations share shapes
+
+        def verify_cost(shape: tuple[int, int, int]) -> float:
+            if shape not in verify_costs:
+                verify_costs[shape] = self.shape_cost(shape)
+            return verify_costs[shape]
+
         for b in self.blocks:
             draft_cost = self.draft_cost(n, b)
-            k, rate = best_lengths(gains[:, : b - 1], lambda q: draft_cost + self.step_cost(q))
+            k, rate = best_lengths(gains[:, : b - 1], lambda shape: draft_cost + verify_cost(shape))
             if k.any() and rate > best_rate:
                 best_rate, best_k, block = rate, k, b
             if k.any() and rate > probe_rate:
@@ -283,7 +292,7 @@ class AdaptivePolicy:
         limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)[:, :limit]
         gains = np.where(drafted[:, None], np.cumprod(alpha, axis=1), 0.0)
-        k, _ = best_lengths(gains, lambda q: draft_seconds + self.step_cost(q))
+        k, _ = best_lengths(gains, lambda shape: draft_seconds + self.shape_cost(shape))
         return k
 
     def alphas(self, slots: Sequence[int], modes: np.ndarray, confidence: np.ndarray | None) -> np.ndarray:
@@ -295,7 +304,10 @@ class AdaptivePolicy:
         return _sigmoid(_logit(base) + bias)
 
     def step_cost(self, q_lens: np.ndarray) -> float:
-        shape = step_shape(q_lens)
+        return self.shape_cost(step_shape(q_lens))
+
+    def shape_cost(self, shape: tuple[int, int, int]) -> float:
+        """Seconds of a verify step of this (S, T, Q) shape, as the choice sees it (`_explored`)."""
         seconds = self._explored(self.cost.verify(shape), self.cost.fresh("verify", shape), shape in self.cost.compiled_verify)
         return self.cost.overhead + seconds
 

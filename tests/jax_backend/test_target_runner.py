@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import jax
 from jax import monitoring
 
 from jax_backend import (
@@ -106,6 +107,10 @@ def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
     assert device.tokens.tolist() == host.tokens.tolist() and device.features == ()
     assert device.device_features.shape == (4, host.features[0].shape[-1])
     np.testing.assert_allclose(np.asarray(device.device_features)[:3], np.concatenate(host.features), atol=1e-6, rtol=0)
+    dispatched = runner.sample(seqs, *greedy, device_features=True, wait=False)  # tokens read later
+    assert isinstance(dispatched.tokens, jax.Array) and np.asarray(dispatched.tokens)[:3].tolist() == host.tokens.tolist()
+    with pytest.raises(BatchError, match="wait=False"):
+        runner.sample(seqs, *greedy, wait=False)
     for i in range(len(prompts)):
         runner.allocator.free(i)
 

@@ -2,6 +2,8 @@
 policy's own, and random ones that hit every ragged shape), the drafter stays in lockstep with the
 target, sampling stays lossless, and the chosen lengths are reported."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,7 @@ def flat_costs(engine, monkeypatch):
     place of the measured ones: the policy's decisions no longer depend on this machine's timing,
     and speculating pays, so a test's speculative path is exercised on any machine."""
     policy = engine.scheduler.worker.policy
-    monkeypatch.setattr(policy, "step_cost", lambda q_lens: 1.0)
+    monkeypatch.setattr(policy, "shape_cost", lambda shape: 1.0)
     monkeypatch.setattr(policy.cost, "draft", lambda batch, block: 0.0)
 
 
@@ -97,6 +99,42 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
         assert info["spec_num_proposed_drafts"] == sum(k * c for k, c in enumerate(lens))
         assert info["spec_mean_verify_len"] == pytest.approx(info["spec_num_proposed_drafts"] / info["spec_verify_ct"])
         assert info["spec_no_spec_fraction"] == pytest.approx(lens[0] / info["spec_verify_ct"])
+
+
+def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, none_engine, spec_prompts, monkeypatch):
+    """A step that verifies no draft knows its outcome (nothing accepted) before the target's
+    step ends: the drafter's commit and the policy's learning are dispatched before its tokens
+    are read (read earlier, that host work added ~1 ms to every plain step at one request)."""
+    worker, events = adaptive_engine.scheduler.worker, []
+    monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots: DraftPlan(np.zeros(len(slots), bool), 0))
+
+    class Tokens:  # the step's device tokens; records when the worker reads them
+        def __init__(self, array):
+            self.array = array
+
+        def __array__(self, dtype=None, copy=None):
+            events.append("read")
+            return np.asarray(self.array, dtype)
+
+    def sample(*args, sample=worker.runner.sample, **kwargs):
+        out = sample(*args, **kwargs)
+        return dataclasses.replace(out, tokens=Tokens(out.tokens)) if kwargs.get("wait") is False else out
+
+    monkeypatch.setattr(worker.runner, "sample", sample)
+    for obj, name in ((worker.proposer, "commit_block"), (worker.policy, "observe")):
+        monkeypatch.setattr(obj, name, _logged(getattr(obj, name), events, name))
+    params = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
+    out = adaptive_engine.generate(input_ids=spec_prompts[0], sampling_params=params)
+    assert out["output_ids"] == none_engine.generate(input_ids=spec_prompts[0], sampling_params=params)["output_ids"]
+    steps = [events[i : i + 3] for i in range(0, len(events), 3)]
+    assert len(steps) == 5 and all(step == ["commit_block", "observe", "read"] for step in steps)
+
+
+def _logged(fn, events, name):
+    def logged(*args, **kwargs):
+        events.append(name)
+        return fn(*args, **kwargs)
+    return logged
 
 
 def _counting(fn, counts, name):

@@ -10,8 +10,8 @@ from sgl_dflash.speculative.cost_model import CostModel, step_shape
 
 
 def by_rows(per_row: float, fixed: float = 0.0):
-    """A step cost that grows with the bucketed token rows T."""
-    return lambda q_lens: fixed + per_row * step_shape(q_lens)[1]
+    """A step cost that grows with the bucketed token rows T of the step's (S, T, Q) shape."""
+    return lambda shape: fixed + per_row * shape[1]
 
 
 def test_step_shape_matches_the_runner_buckets():
@@ -38,12 +38,30 @@ def test_drafts_go_to_the_most_promising_requests_as_prefixes():
     alpha = np.array([[0.95] * 7, [0.2] * 7, [0.9, 0.9, 0.1, 0.9, 0.9, 0.9, 0.9], [0.5] * 7])
     gains = np.cumprod(alpha, axis=1)
     # Rows beyond the AR step's 4 cost 0.3 each up to 8, then a lot: the best 4 drafts fit.
-    cost = lambda q: {4: 4.0, 8: 5.2}.get(step_shape(q)[1], 100.0)  # noqa: E731
+    cost = lambda shape: {4: 4.0, 8: 5.2}.get(shape[1], 100.0)  # noqa: E731
     k, _ = best_lengths(gains, cost)
     assert k.sum() == 4 and k[1] == 0
     assert k[0] >= k[3] and k[2] <= 2  # the 0.1 at position 3 stops request 2's prefix
     for i in range(4):  # a verified draft's predecessors are verified too (prefix)
         assert all(gains[i, m] >= gains[j, m2] for m in range(k[i]) for j in range(4) for m2 in range(k[j], 7))
+
+
+def test_best_lengths_finds_the_best_allocation_of_any_shape():
+    """Against every allocation (k_i in 0..P per request), each priced at `step_shape(k + 1)`:
+    with a cost that grows with the shape, the optimizer's rate is the best there is."""
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n, num_positions = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        gains = np.cumprod(rng.uniform(0.05, 0.95, (n, num_positions)), axis=1)
+        a, per_row, per_query = rng.uniform(0.5, 2.0), rng.uniform(0.0, 0.5), rng.uniform(0.0, 0.5)
+        cost = lambda shape: a + per_row * shape[1] + per_query * shape[2]  # noqa: B023, E731
+        best = max((n + sum(gains[i, :k[i]].sum() for i in range(n))) / cost(step_shape(np.array(k) + 1))
+                   for k in itertools.product(range(num_positions + 1), repeat=n))
+        k, rate = best_lengths(gains, cost)
+        assert rate == pytest.approx(best)
+        assert rate == pytest.approx((n + sum(gains[i, :k[i]].sum() for i in range(n))) / cost(step_shape(k + 1)))
 
 
 def test_calibrator_learns_from_outcomes():
