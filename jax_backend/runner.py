@@ -237,10 +237,10 @@ class TargetRunner:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
         tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
-        host_tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens
+        tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens  # wait=False: unread, on the device
         if device_features:
-            return SampleOutput(host_tokens, device_features=self.hidden_state_features(aux))
-        return SampleOutput(host_tokens, self._aux_rows(aux, layout))
+            return SampleOutput(tokens, device_features=self.hidden_state_features(aux))
+        return SampleOutput(tokens, self._aux_rows(aux, layout))
 
     def verify(
         self,
