@@ -153,16 +153,6 @@ def build_batch(
     return batch, layout
 
 
-def last_token_rows(layout: BatchLayout, num_rows: int, targets: Sequence[int], offsets: Sequence[int],
-                    drop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per token row of a batch of `num_rows` rows: (targets[i], offsets[i]) on sequence i's last
-    token row, (0, `drop`) on every other row (a scatter at offset `drop` drops the row)."""
-    rows, row_offsets = np.zeros(num_rows, np.int32), np.full(num_rows, drop, np.int32)
-    last = np.asarray(layout.token_starts, np.int64) + np.asarray(layout.q_lens, np.int64) - 1
-    rows[last], row_offsets[last] = targets, offsets
-    return rows, row_offsets
-
-
 def context_pages(longest_prefix: int, *, page_size: int, pages_per_seq: int, min_pages: int = 1) -> int:
     """The page table's width W of a batch whose longest cached prefix is `longest_prefix` tokens:
     its pages rounded up to a power of two (at least `min_pages`, at most `pages_per_seq`; 0 when

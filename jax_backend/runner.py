@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import model, sampling, sharding, steps
-from jax_backend.batch import BatchError, SeqInput, build_batch, context_pages, last_token_rows
+from jax_backend.batch import BatchError, SeqInput, build_batch, context_pages
 from jax_backend.config import TargetConfig
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.loader import load_target
@@ -61,7 +61,8 @@ class _AuxViews:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardOutput(_AuxViews):
-    """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i."""
+    """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i; `aux_hidden`
+    and `features` as `AuxRows.raw` / `AuxRows.features` (empty when the runner has no aux layers)."""
 
     logits: list[np.ndarray]
     aux: AuxRows = AuxRows()
@@ -70,11 +71,12 @@ class ForwardOutput(_AuxViews):
 @dataclasses.dataclass(frozen=True)
 class SampleOutput(_AuxViews):
     """`tokens`: np.int32 [n], one sampled token per sequence (from its last position; `wait=False`:
-    every padded row's, left on the device)."""
+    every padded row's, left on the device); `aux_hidden` and `features` as in `ForwardOutput`."""
 
     tokens: np.ndarray | jax.Array
     aux: AuxRows = AuxRows()
-    device_features: jax.Array | None = None  # `sample(device_features=True)`: [T, n_aux*H]; with a sink: the pool
+    # `sample(..., device_features=True)`: the drafter's features [T, n_aux*H] on the device (rows past n pad); no `aux`
+    device_features: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +171,7 @@ class TargetRunner:
         self._step = self._jit_step(step, free_outputs=(0,))  # (logits, aux, pool)
         last = config.num_hidden_layers - 1
         self._norm_block = aux_layer_ids.index(last) if last in aux_layer_ids else None
-        self._sample_steps: dict[str, Callable] = {}  # by sampling mode ("greedy+sink": with a feature sink)
+        self._sample_steps: dict[str, Callable] = {}  # by sampling mode
         self._verify_steps: dict[str, Callable] = {}
 
     @property
@@ -217,33 +219,25 @@ class TargetRunner:
         key: jax.Array | None = None,
         device_features: bool = False,
         wait: bool = True,
-        feature_sink: tuple[jax.Array, Sequence[int], Sequence[int]] | None = None,
     ) -> SampleOutput:
         """`forward`, then one token per sequence from its last position, sampled on the device
         with per-sequence parameters (as `sampling.sample`: temperature <= 0 is the argmax; the
         same draws for the same key and logits). Only the token ids come back to the host;
         `device_features`: the drafter's features stay on the device too (`SampleOutput`); with
-        `wait=False` the tokens too, unread, so that the caller's host work overlaps the step.
-        `feature_sink` = (pool [N, P, n_aux*H], rows, offsets), one row and offset per sequence:
-        the step itself writes sequence i's features at pool[rows[i], offsets[i]] (the drafter's
-        pending rows, without a program of their own); the pool is donated, and `device_features`
-        is the updated pool."""
+        `wait=False` the tokens too, unread, so that the caller's host work overlaps the step."""
         if any(seq.logits != "last" for seq in seqs):
             raise BatchError("sample: every sequence must ask for logits='last'")
-        if not (wait or device_features or feature_sink):
+        if not (wait or device_features):
             raise BatchError("sample: wait=False leaves the tokens on the device: it needs device_features=True")
         batch, layout = self._batch(seqs)
         rows = batch.logits_indices.shape[0]
-        arrays = sampling.row_params(rows, 1, temperature, top_p, top_k)
+        arrays = _per_row(rows, 1, temperature, top_p, top_k)
         mode = sampling.sampling_mode(*arrays, self.config.vocab_size)
         if mode != "greedy" and key is None:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
-        sink = None if feature_sink is None else self._sink(batch, layout, *feature_sink)
-        fn = self._jitted(self._sample_steps, mode, steps.sample_step, sink=sink is not None)
-        tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key, *(sink or ()))
+        fn = self._jitted(self._sample_steps, mode, steps.sample_step)
+        tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
         tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens  # wait=False: unread, on the device
-        if sink is not None:
-            return SampleOutput(tokens, device_features=aux)
         if device_features:
             return SampleOutput(tokens, device_features=self.hidden_state_features(aux))
         return SampleOutput(tokens, self._aux_rows(aux, layout))
@@ -288,7 +282,7 @@ class TargetRunner:
             num_drafts[i] = lengths[i] - 1
         greedy = temperature is None
         if not greedy:
-            arrays = sampling.row_params(num_seqs, block, temperature, top_p, top_k)
+            arrays = _per_row(num_seqs, block, temperature, top_p, top_k)
             mode = sampling.sampling_mode(*arrays, self.config.vocab_size)
             greedy = mode == "greedy"
         if greedy:
@@ -303,20 +297,12 @@ class TargetRunner:
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
     # -- internals --------------------------------------------------------------------------
-    def _jitted(self, cache: dict, mode: str, body: Callable, sink: bool = False, **static) -> Callable:
-        """`body` jitted for a sampling mode; `sink`: `sample_step` writing its donated argument 7."""
-        key = mode + ("+sink" if sink else "")
-        if key not in cache:
-            static |= dict(norm_block=self._norm_block) if sink else {}
-            cache[key] = self._jit_step(functools.partial(
-                body, config=self.config, aux_layer_ids=self.aux_layer_ids, mode=mode, **static), (1, 7) if sink else (1,))
-        return cache[key]
-
-    def _sink(self, batch, layout, pool: jax.Array, rows: Sequence[int], offsets: Sequence[int]) -> tuple:
-        """`sample`'s feature sink over the step's token rows (`batch.last_token_rows`)."""
-        if not self.aux_layer_ids or pool.ndim != 3 or pool.shape[2] != self.config.hidden_size * len(self.aux_layer_ids):
-            raise BatchError(f"sample: feature_sink pool {tuple(pool.shape)} is not [N, P, {self.config.hidden_size} x aux layers]")
-        return pool, last_token_rows(layout, batch.tokens.shape[0], rows, offsets, drop=pool.shape[1])
+    def _jitted(self, cache: dict, mode: str, body: Callable, **static) -> Callable:
+        if mode not in cache:
+            cache[mode] = self._jit_step(
+                functools.partial(body, config=self.config, aux_layer_ids=self.aux_layer_ids, mode=mode, **static)
+            )
+        return cache[mode]
 
     # -- tensor parallelism: where params and the pool live, and the steps' shardings ---------
     def _tp_mesh(self, model_dir, tp_size: int, fuse_projections: bool):
@@ -335,14 +321,14 @@ class TargetRunner:
         # Created in place on each device: the whole pool never exists on one device.
         return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding.kv_pool_sharding(self.mesh))()
 
-    def _jit_step(self, body: Callable, donate: tuple[int, ...] = (1,), free_outputs: tuple[int, ...] = ()) -> Callable:
+    def _jit_step(self, body: Callable, free_outputs: tuple[int, ...] = ()) -> Callable:
         """jit a step whose argument 1 is the pool (donated) and whose last output is the new pool;
         under tp the params and pool come in sharded and XLA partitions the step."""
         if self.dtype == "float32":
-            body = steps.full_precision(body)
+            body = _full_precision(body)
         if self.mesh is not None:
             body = sharding.shard_step(body, self.mesh, free_outputs)
-        return jax.jit(body, donate_argnums=donate)
+        return jax.jit(body, donate_argnums=1)
 
     def memory_per_device(self) -> dict[str, dict[str, int]]:
         """{"weights" | "kv": {device: bytes}}: what each device holds of the target."""
@@ -383,6 +369,31 @@ class TargetRunner:
     @property
     def _min_pages(self) -> int:
         return max(1, DEFAULT_CHUNK_TOKENS // self.page_size)
+
+
+def _per_row(rows: int, repeat: int, temperature, top_p, top_k) -> tuple[np.ndarray, ...]:
+    """Per-sequence sampling parameters repeated `repeat` times per sequence and padded (greedy,
+    no filter) to rows * repeat rows."""
+    out = (np.zeros(rows * repeat, np.float32), np.ones(rows * repeat, np.float32), np.zeros(rows * repeat, np.int32))
+    for array, values in zip(out, (temperature, top_p, top_k)):
+        values = np.repeat(np.asarray(values, array.dtype), repeat)
+        array[: len(values)] = values
+    out[2][:] = np.maximum(out[2], 0)
+    return out
+
+
+def _full_precision(body: Callable) -> Callable:
+    """`body` with float32 matmuls at full precision. XLA:CPU already computes them so; GPU and TPU
+    default to fewer-bit passes (TF32 on an H100), under which a K-row verify block and a 1-row
+    decode step round differently and greedy DFLASH parts from greedy NONE (measured on an H100).
+    float32 is the exact-output configuration, so it means float32 everywhere."""
+
+    @functools.wraps(body.func if isinstance(body, functools.partial) else body)  # keeps the program's name
+    def full(*args):
+        with jax.default_matmul_precision("highest"):
+            return body(*args)
+
+    return full
 
 
 _norm_features = jax.jit(steps.norm_features, static_argnums=(2, 3))

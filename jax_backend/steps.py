@@ -13,9 +13,6 @@ functools.partial before jitting; `TargetRunner` does).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 
@@ -32,25 +29,14 @@ def sample_step(
     top_p: jax.Array,
     top_k: jax.Array,
     key: jax.Array | None,
-    sink: jax.Array | None = None,  # [N, P, F]
-    sink_at: tuple[jax.Array, jax.Array] | None = None,  # (rows, offsets) i32[T] each
     *,
     config: TargetConfig,
     aux_layer_ids: tuple[int, ...],
     mode: str,
-    norm_block: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Returns (tokens i32[R], aux [T, n_aux*H], new kv_pool). With a `sink` pool the second
-    output is that pool with token row t's features (as `verify_step`'s) written at
-    sink[rows[t], offsets[t]] (`sink_at`; an offset of P drops the row): the drafter's pending
-    rows are written by this program instead of one of their own."""
+    """Returns (tokens i32[R], aux [T, n_aux*H], new kv_pool)."""
     logits, aux, kv_pool = model.forward(params, config, kv_pool, batch, aux_layer_ids)
     tokens = sampling.sample_for_mode(logits, temperature, top_p, top_k, key, mode)
-    if sink is not None:
-        rows, offsets = sink_at
-        if norm_block is not None:
-            aux = norm_features(aux, params["norm"], norm_block, config)
-        aux = sink.at[rows, offsets].set(aux.astype(sink.dtype), mode="drop")
     return tokens, aux, kv_pool
 
 
@@ -103,17 +89,3 @@ def norm_features(aux: jax.Array, weight: jax.Array, block: int, config: TargetC
     hidden = config.hidden_size
     columns = slice(block * hidden, (block + 1) * hidden)
     return aux.at[:, columns].set(model.rms_norm(aux[:, columns], weight, config.rms_norm_eps))
-
-
-def full_precision(body: Callable) -> Callable:
-    """`body` with float32 matmuls at full precision. XLA:CPU already computes them so; GPU and TPU
-    default to fewer-bit passes (TF32 on an H100), under which a K-row verify block and a 1-row
-    decode step round differently and greedy DFLASH parts from greedy NONE (measured on an H100).
-    float32 is the exact-output configuration, so it means float32 everywhere."""
-
-    @functools.wraps(body.func if isinstance(body, functools.partial) else body)  # keeps the program's name
-    def full(*args):
-        with jax.default_matmul_precision("highest"):
-            return body(*args)
-
-    return full

@@ -250,13 +250,21 @@ class DFlashProposer:
         block's first a_i+1 tokens (bonus + accepted drafts); committed length becomes L + a_i + 1."""
         counts = [int(a) for a in np.asarray(accepted_counts).reshape(-1)]
         if not len(seq_ids) == len(counts) == len(aux_features):
-            raise DrafterStateError(f"commit got {len(seq_ids)} ids, {len(counts)} accepted counts, {len(aux_features)} feature arrays")
+            raise DrafterStateError(
+                f"commit got {len(seq_ids)} ids, {len(counts)} accepted counts, {len(aux_features)} feature arrays"
+            )
         states = [self._state(s) for s in seq_ids]
         for seq_id, state, count, rows in zip(seq_ids, states, counts, aux_features):
             if not 0 <= count <= self.block_size - 1:
-                raise DrafterStateError(f"sequence {seq_id!r}: accepted count {count} outside [0, {self.block_size - 1}]")
+                raise DrafterStateError(
+                    f"sequence {seq_id!r}: accepted count {count} outside [0, {self.block_size - 1}]"
+                )
             self._check_rows(seq_id, rows, min_rows=count + 1, max_rows=count + 1)
-        self._check_room(seq_ids, [s.committed_len + c + 1 for s, c in zip(states, counts)])
+            if state.committed_len + count + 1 > self.max_context_len:
+                raise DrafterStateError(
+                    f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
+                    f"max_context_len={self.max_context_len}"
+                )
         self._flush([s for s in states if s.num_pending])  # two commits without a propose between
         padded = np.zeros((len(states), self.pending_bucket, self.num_features), np.float32)
         for i, rows in enumerate(aux_features):
@@ -280,28 +288,15 @@ class DFlashProposer:
         lengths = np.array([s.committed_len for s in states], np.int64) + counts + 1
         for i in np.flatnonzero((counts < 0) | (counts > min(self.block_size, features.shape[1]) - 1)):
             raise DrafterStateError(f"sequence {seq_ids[i]!r}: accepted count {counts[i]} outside the block")
-        self._check_room(seq_ids, lengths)
+        for i in np.flatnonzero(lengths > self.max_context_len):
+            raise DrafterStateError(
+                f"sequence {seq_ids[i]!r}: committed length {lengths[i]} exceeds max_context_len={self.max_context_len}"
+            )
         counts = counts.tolist()
         # A sequence not drafted since its last commit (an adaptive plain step) still has pending
         # rows: append to them while they fit the bucket, else flush them first (one batched call).
         self._flush([s for s, c in zip(states, counts) if s.num_pending and s.num_pending + c + 1 > self.pending_bucket])
         self._write_pending(states, counts, features)
-
-    def pending_sink(self, seq_ids: Sequence[Any]) -> tuple[jax.Array, list[int], list[int]]:
-        """For a step that commits one row per sequence and writes it itself (a plain decode step,
-        `TargetRunner.sample(feature_sink=...)`): (the pending pool, to be donated to that step,
-        each sequence's pool row, the offset its row goes to), after flushing the sequences whose
-        pending rows are full. `sunk` takes the written pool back."""
-        states = [self._state(s) for s in seq_ids]
-        self._check_room(seq_ids, [s.committed_len + 1 for s in states])
-        self._flush([s for s in states if s.num_pending >= self.pending_bucket])
-        return self.pending, [s.slot for s in states], [s.num_pending for s in states]
-
-    def sunk(self, seq_ids: Sequence[Any], pending: jax.Array) -> None:
-        """The pending pool from the step that wrote one committed row of each of `seq_ids`."""
-        self.pending = pending
-        for seq_id in seq_ids:
-            self._state(seq_id).num_pending += 1
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -362,11 +357,6 @@ class DFlashProposer:
             raise DrafterStateError(f"unknown sequence {seq_id!r} (not added, or released)")
         return self._seqs[seq_id]
 
-    def _check_room(self, seq_ids: Sequence[Any], lengths: Sequence[int]) -> None:
-        for seq_id, length in zip(seq_ids, lengths):
-            if length > self.max_context_len:
-                raise DrafterStateError(f"sequence {seq_id!r}: committed length {length} exceeds max_context_len={self.max_context_len}")
-
     def _check_rows(self, seq_id: Any, rows: Any, *, min_rows: int, max_rows: int | None = None) -> None:
         shape = tuple(rows.shape)
         if len(shape) != 2 or shape[1] != self.num_features:
@@ -393,7 +383,12 @@ class DFlashProposer:
 
     def _extend(self, state: _SeqState, padded_rows: jax.Array, num_rows: int) -> None:
         """Appends padded_rows [1, bucket, n_aux*H] (first num_rows real) to the sequence's cache."""
-        lens = jax.device_put([np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)])
-        self.k_cache, self.v_cache = self._jit.extend(self.params, self.k_cache, self.v_cache, padded_rows, *lens)
+        self.k_cache, self.v_cache = self._jit.extend(
+            self.params,
+            self.k_cache,
+            self.v_cache,
+            padded_rows,
+            *jax.device_put([np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)]),
+        )
         state.cache_len += num_rows
 

@@ -34,7 +34,16 @@ from sgl_dflash.speculative.cost_model import step_shape
 from sgl_dflash.speculative.dflash_worker import DFlashWorker, _draw
 
 
+@jax.jit
+def _plain_block(features: jax.Array) -> jax.Array:
+    """A sampling step's features [S, F] as a plain verify step's [S, 2, F] (row 1 is never
+    committed): the drafter's commit then runs the program it runs after a verify."""
+    return jnp.pad(features[:, None], ((0, 0), (0, 1), (0, 0)))
+
+
 class AdaptiveDFlashWorker(DFlashWorker):
+    plain_block = staticmethod(_plain_block)  # also run by the startup sweep
+
     def __init__(self, server_args: Any):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
@@ -105,8 +114,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
         verified = (self.policy.choose(slots, modes, drafted, confidence, t2 - t1, block) if len(rows)
                     else np.zeros(n, np.int64))
         shape = step_shape(verified + 1)
-        if not verified.any():  # no draft to verify: NONE's sampling program, which also commits
-            accepted, new_bonus = self._plain_step(batch, bonus)
+        if not verified.any():  # no draft to verify: NONE's own sampling program, not waited for
+            accepted, new_bonus, features = self._plain_step(batch, bonus)
         else:
             accept_width = max(2, shape[2])
             seqs = [SeqInput([bonus[i], *drafts[i, : verified[i]]], batch.prefix_lens[i], batch.page_tables[i], "all")
@@ -117,13 +126,13 @@ class AdaptiveDFlashWorker(DFlashWorker):
                 draft_probs = _place_rows(q, rows, bucket(n), accept_width - 1)
                 out = self.runner.verify(seqs, info.temperatures, info.top_ps, info.top_ks, draft_probs=draft_probs,
                                          key=self.target_worker.next_key(), block_size=accept_width)
-            accepted, new_bonus = out.accepted, out.bonus
-            # 4. Commit the a+1 rows of every request (a plain step's program wrote its one row).
-            self.proposer.commit_block(slots, accepted, out.features)
+            accepted, new_bonus, features = out.accepted, out.bonus, out.features
 
-        # Learn from the outcome and the step's times. A plain step's outcome (nothing accepted)
-        # is known before its device work ends: the learning then runs while the device steps,
-        # and the step's reading below is its wall time either way.
+        # 4. Commit the a+1 rows of every request; learn from the outcome and the step's times.
+        # A plain step's outcome (nothing accepted) is known before its device work ends: this
+        # host work (~1 ms, 2-3% of a step at one request) then runs while the device steps, and
+        # the step's reading below is its wall time either way.
+        self.proposer.commit_block(slots, accepted, features)
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         new_bonus = np.asarray(new_bonus)[:n]
         t3 = time.perf_counter()
@@ -143,20 +152,18 @@ class AdaptiveDFlashWorker(DFlashWorker):
         return GenerationBatchResult(tokens, accepted.astype(np.int32) + 1, accept_lens=accepted,
                                      num_draft_tokens=B - 1, verify_lens=verified.astype(np.int32))
 
-    def _plain_step(self, batch: ModelWorkerBatch, bonus: list[int]) -> tuple[np.ndarray, jax.Array]:
+    def _plain_step(self, batch: ModelWorkerBatch, bonus: list[int]) -> tuple[np.ndarray, jax.Array, jax.Array]:
         """One token per request through the target's sampling program, NONE's decode step,
-        dispatched and not waited for: (accepted = 0, the device's tokens [bucket(n)]). The same
-        program writes each request's committed row into the drafter's pending pool (its feature
-        sink): no commit program of its own. A verify of one-token blocks does the same work but
-        ran ~3% slower at 32 requests on XLA:CPU (interleaved: 172.2 vs 166.4 ms)."""
+        dispatched and not waited for: (accepted = 0, the device's tokens [bucket(n)], the
+        drafter's features as a plain verify step's [S, 2, F]).
+        A verify of one-token blocks does the same work but ran ~3% slower at 32 requests on
+        XLA:CPU (plain step with the drafter's commit, interleaved: 172.2 vs 166.4 ms)."""
         n, info = len(batch.slots), batch.sampling_info
-        sink = self.proposer.pending_sink(batch.slots)
         out = self.runner.sample(
             [SeqInput([bonus[i]], batch.prefix_lens[i], batch.page_tables[i]) for i in range(n)],
             info.temperatures, info.top_ps, info.top_ks, None if info.is_all_greedy else self.target_worker.next_key(),
-            wait=False, feature_sink=sink)
-        self.proposer.sunk(batch.slots, out.device_features)
-        return np.zeros(n, np.int32), out.tokens
+            device_features=True, wait=False)
+        return np.zeros(n, np.int32), out.tokens, self.plain_block(out.device_features)
 
     def _wait_for_drafter(self) -> None:
         """The drafter's work runs asynchronously: its commit and a prompt's ingest overlap the

@@ -96,10 +96,9 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                 policy.cost.compiled_verify.add(shape)
                 bar.update()
             for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
-                sink = (proposer.pending, [0] * n, [proposer.pending_bucket] * n)  # every row dropped
                 out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
-                                    feature_sink=sink)
-                proposer.sunk([], out.device_features)  # the donated pool back, unchanged
+                                    device_features=True)
+                worker.plain_block(out.device_features)
                 bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)

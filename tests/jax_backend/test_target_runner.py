@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import jax
-import jax.numpy as jnp
 from jax import monitoring
 
 from jax_backend import (
@@ -97,8 +96,7 @@ def test_prefill_of_one_long_and_short_prompts_matches_transformers(runner, hf):
 
 def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
     """`sample(device_features=True)`: the same tokens, and the features of every sequence's
-    token as rows of one device array (padding rows after them), equal to the host ones; with a
-    `feature_sink`, the same features written where the sink says."""
+    token as rows of one device array (padding rows after them), equal to the host ones."""
     prompts = [_ids(40, 9), _ids(41, 14), _ids(42, 5)]
     tables = [runner.allocator.allocate(i, len(p) + 1) for i, p in enumerate(prompts)]
     runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
@@ -113,18 +111,6 @@ def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
     assert isinstance(dispatched.tokens, jax.Array) and np.asarray(dispatched.tokens)[:3].tolist() == host.tokens.tolist()
     with pytest.raises(BatchError, match="wait=False"):
         runner.sample(seqs, *greedy, wait=False)
-    # A feature sink: the same program writes each sequence's features into a pool at (row, offset)
-    # (the drafter's pending rows); nothing else of the pool changes.
-    width = host.features[0].shape[-1]
-    pool = jnp.full((5, 4, width), -1.0, jnp.float32)
-    sunk = runner.sample(seqs, *greedy, wait=False, feature_sink=(pool, [3, 0, 3], [1, 2, 0]))
-    assert np.asarray(sunk.tokens)[:3].tolist() == host.tokens.tolist()
-    written, expected = np.asarray(sunk.device_features), np.full((5, 4, width), -1.0, np.float32)
-    for i, (row, offset) in enumerate([(3, 1), (0, 2), (3, 0)]):
-        expected[row, offset] = host.features[i][0]
-    np.testing.assert_allclose(written, expected, atol=1e-6, rtol=0)
-    with pytest.raises(BatchError, match="feature_sink"):
-        runner.sample(seqs, *greedy, feature_sink=(jnp.zeros((5, 4, width + 1)), [0] * 3, [0] * 3))
     for i in range(len(prompts)):
         runner.allocator.free(i)
 

@@ -103,9 +103,8 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
 
 def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, none_engine, spec_prompts, monkeypatch):
     """A step that verifies no draft knows its outcome (nothing accepted) before the target's
-    step ends: its sampling program writes the drafter's committed rows itself (a feature sink;
-    no commit program), and the policy's learning runs before its tokens are read (read earlier,
-    that host work added ~1 ms to every plain step at one request)."""
+    step ends: the drafter's commit and the policy's learning are dispatched before its tokens
+    are read (read earlier, that host work added ~1 ms to every plain step at one request)."""
     worker, events = adaptive_engine.scheduler.worker, []
     monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots: DraftPlan(np.zeros(len(slots), bool), 0))
 
@@ -122,13 +121,13 @@ def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, no
         return dataclasses.replace(out, tokens=Tokens(out.tokens)) if kwargs.get("wait") is False else out
 
     monkeypatch.setattr(worker.runner, "sample", sample)
-    for obj, name in ((worker.proposer, "commit_block"), (worker.proposer, "sunk"), (worker.policy, "observe")):
+    for obj, name in ((worker.proposer, "commit_block"), (worker.policy, "observe")):
         monkeypatch.setattr(obj, name, _logged(getattr(obj, name), events, name))
     params = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
     out = adaptive_engine.generate(input_ids=spec_prompts[0], sampling_params=params)
     assert out["output_ids"] == none_engine.generate(input_ids=spec_prompts[0], sampling_params=params)["output_ids"]
     steps = [events[i : i + 3] for i in range(0, len(events), 3)]
-    assert len(steps) == 5 and all(step == ["sunk", "observe", "read"] for step in steps)
+    assert len(steps) == 5 and all(step == ["commit_block", "observe", "read"] for step in steps)
 
 
 def _logged(fn, events, name):

@@ -249,46 +249,6 @@ def test_commit_block_without_propose_keeps_rows_pending(dirs, target_head, draf
     assert flushed == ([1, 1, 1, 1, 2, 1] if draft_pending_rows == 2 else [1, 1])
 
 
-def test_plain_steps_that_write_their_own_row_through_the_pending_sink(dirs, target_head):
-    """The adaptive worker's plain steps since the target's sampling program writes the committed
-    row itself (`pending_sink`, then `sunk` with the written pool): mixed with drafts and verify
-    commits, and a run of plain steps longer than the pending bucket (flushed first when full),
-    the state equals a fresh proposer's given the same rows; past max_context_len it refuses."""
-    rng = np.random.default_rng(11)
-    proposer = make_proposer(dirs, target_head, max_num_seqs=2)
-    flushed, flush = [], proposer._flush
-    proposer._flush = lambda states: (flushed.append(len(states)) if states else None, flush(states))
-    history = {"a": [rows(rng, 5)], "b": [rows(rng, 9)]}
-    for seq, prompt in history.items():
-        proposer.add(seq, prompt[0])
-    bucket = proposer.pending_bucket
-    for step in range(bucket + 12):
-        if step in (3, bucket + 8):  # a drafted step: draft, verify commit
-            proposer.propose(["a", "b"], [3, 3])
-            block = jax.device_put(rng.standard_normal((2, BLOCK, FEATURES), dtype=np.float32))
-            proposer.commit_block(["a", "b"], [1, 0], block)
-            history["a"].append(block[0, :2])
-            history["b"].append(block[1, :1])
-            continue
-        pool, slots, offsets = proposer.pending_sink(["a", "b"])
-        features = rng.standard_normal((2, FEATURES), dtype=np.float32)
-        proposer.sunk(["a", "b"], pool.at[np.array(slots), np.array(offsets)].set(features))  # the target's write
-        history["a"].append(features[:1])
-        history["b"].append(features[1:])
-    assert flushed == [1, 1]  # the run of bucket + 4 plain steps filled a (one row ahead), then b
-    fresh = make_proposer(dirs, target_head)
-    for seq, parts in history.items():
-        fresh.add(seq, np.concatenate([np.asarray(r) for r in parts]))
-        assert proposer.committed_len(seq) == fresh.committed_len(seq)
-    np.testing.assert_array_equal(proposer.propose(["a", "b"], [7, 8]), fresh.propose(["a", "b"], [7, 8]))
-    for seq in history:
-        assert_same_state(proposer, seq, fresh, seq)
-    short = make_proposer(dirs, target_head, max_context_len=5)
-    short.add(0, rows(rng, 5))
-    with pytest.raises(DrafterStateError, match="max_context_len"):
-        short.pending_sink([0])
-
-
 def test_shorter_draft_block_equals_a_proposer_of_that_block(dirs, target_head):
     """propose(block_size=b) (the adaptive worker's cheaper draft step) drafts what a proposer
     built for block b drafts from the same state, and leaves a state the full block continues
