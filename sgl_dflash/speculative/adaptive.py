@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jax_backend.batch import bucket
-from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, step_shape
+from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, shape_of, step_shape
 
 GREEDY, SAMPLED = 0, 1
 
@@ -116,11 +116,10 @@ def best_lengths(
     """The drafts k [n] to verify maximizing expected tokens / shape_cost(step_shape(k + 1)),
     and that rate. gains [n, P]: g[i, m-1] = P(the first m drafts of request i are accepted), non-
     increasing along m. The cost depends on the step's shape only, so each candidate's shape is
-    computed here from its counts (as `step_shape` pads it) rather than from a lengths array:
-    the plan runs this for every draft block on every step, on the host, before the device works."""
+    computed from its counts (`shape_of`) rather than from a lengths array: the plan runs this
+    for every draft block on every step, on the host, before the device works."""
     n, num_positions = gains.shape
-    num_seqs = bucket(n)
-    best_k, best_rate = np.zeros(n, np.int64), n / shape_cost((num_seqs, bucket(n, MIN_TOKEN_ROWS), 1))
+    best_k, best_rate = np.zeros(n, np.int64), n / shape_cost(shape_of(n, n, 1))
     if num_positions == 0 or n == 0:
         return best_k, best_rate
     rows, cols = np.nonzero(gains > 0)
@@ -135,8 +134,7 @@ def best_lengths(
             extra = min(tokens - n, len(r))
             if extra > 0:
                 k = np.bincount(r[:extra], minlength=n)
-                token_rows = bucket(n + extra, MIN_TOKEN_ROWS)
-                rate = (n + v[extra - 1]) / shape_cost((num_seqs, token_rows, min(bucket(int(k.max()) + 1), token_rows)))
+                rate = (n + v[extra - 1]) / shape_cost(shape_of(n, n + extra, int(k.max()) + 1))
                 if rate > best_rate:
                     best_k, best_rate = k, rate
             if extra >= len(r):

@@ -43,8 +43,13 @@ MIN_TOKEN_ROWS = 2  # TargetRunner pads every batch to >= 2 token rows (see Targ
 def step_shape(q_lens: np.ndarray) -> tuple[int, int, int]:
     """(S, T, Q) buckets of a packed batch whose sequences run q_lens tokens each."""
     q_lens = np.asarray(q_lens)
-    tokens = bucket(int(q_lens.sum()), MIN_TOKEN_ROWS)
-    return bucket(len(q_lens)), tokens, min(bucket(int(q_lens.max())), tokens)
+    return shape_of(len(q_lens), int(q_lens.sum()), int(q_lens.max()))
+
+
+def shape_of(num_seqs: int, num_tokens: int, longest: int) -> tuple[int, int, int]:
+    """`step_shape` from counts: n sequences of `num_tokens` tokens in all, the longest `longest`."""
+    tokens = bucket(num_tokens, MIN_TOKEN_ROWS)
+    return bucket(num_seqs), tokens, min(bucket(longest), tokens)
 
 
 class CostModel:
