@@ -236,7 +236,7 @@ class DFlashProposer:
         if sampling:  # padding rows are greedy
             padded = np.zeros(inputs[-1].shape[0], np.float32)
             padded[: len(states)] = temperatures
-            temperatures = jax.device_put(padded)
+            temperatures = padded
         tokens, candidates, probs, self.k_cache, self.v_cache = jit.draft_path(
             self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
             temperatures, key, **statics,
@@ -335,8 +335,8 @@ class DFlashProposer:
         statics = dict(read_len=self.read_len(seq_ids), pending_rows=self.draft_pending_rows)
         inputs = (
             self.pending,
-            *jax.device_put([new_lens, cache_lens, slots]),
-            jax.device_put(np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)])),
+            new_lens, cache_lens, slots,  # host arrays: the jitted call copies them (no `device_put`: batch.py)
+            np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)]),
         )
         return states, inputs, statics
 
@@ -376,7 +376,7 @@ class DFlashProposer:
         pad = next_power_of_two(len(states)) - len(states)
         lens = [np.array([getattr(s, k) for s in states] + [0] * pad, np.int32) for k in ("num_pending", "cache_len", "slot")]
         self.k_cache, self.v_cache = self._jit.flush(self.params, self.k_cache, self.v_cache, self.pending,
-                                                     *jax.device_put(lens))
+                                                     *lens)
         for state in states:
             state.cache_len += state.num_pending
             state.num_pending = 0
@@ -388,7 +388,7 @@ class DFlashProposer:
             self.k_cache,
             self.v_cache,
             padded_rows,
-            *jax.device_put([np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)]),
+            *[np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)],
         )
         state.cache_len += num_rows
 

@@ -204,7 +204,7 @@ def _place_rows(q: jax.Array, rows: np.ndarray, num_rows: int, width: int) -> ja
         return q  # every request drafted, in order, at the acceptance's width
     index = np.full(num_rows, q.shape[0], np.int32)  # the appended zero row
     index[rows] = np.arange(len(rows))
-    return _gather_rows(q, jax.device_put(index), width)
+    return _gather_rows(q, index, width)
 
 
 @functools.partial(jax.jit, static_argnums=2)
