@@ -4,6 +4,7 @@ target, sampling stays lossless, and the chosen lengths are reported."""
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
@@ -128,6 +129,39 @@ def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, no
     assert out["output_ids"] == none_engine.generate(input_ids=spec_prompts[0], sampling_params=params)["output_ids"]
     steps = [events[i : i + 3] for i in range(0, len(events), 3)]
     assert len(steps) == 5 and all(step == ["commit_block", "observe", "read"] for step in steps)
+
+
+@pytest.mark.parametrize("kind", ["NONE", "adaptive"])
+def test_decode_steps_hand_their_host_arrays_to_jit_without_device_put(kind, adaptive_engine, none_engine, spec_prompts,
+                                                                       monkeypatch):
+    """A decode step's host arrays (the target's batch, the drafter's lengths, slots and bonus
+    tokens) go to the jitted programs as numpy, which jit's C++ dispatch copies: `jax.device_put`'s
+    Python path took 0.3-0.4 ms of every serving step (docs/performance.md section 16). Random
+    lengths run plain steps, ragged verifies, every draft block and the drafter's flushes."""
+    engine = adaptive_engine if kind == "adaptive" else none_engine
+    if kind == "adaptive":
+        random_lengths(engine, monkeypatch, seed=3)
+    worker, puts, decoding = engine.scheduler.worker, [], [False]
+
+    def decode(batch, decode=worker.forward_decode):
+        decoding[0] = True
+        try:
+            return decode(batch)
+        finally:
+            decoding[0] = False
+
+    def device_put(*args, put=jax.device_put, **kwargs):
+        puts.append(decoding[0])
+        return put(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "forward_decode", decode)
+    monkeypatch.setattr(jax, "device_put", device_put)
+    steps = engine.scheduler.stats["decode_steps"]
+    params = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    assert all(len(o["output_ids"]) == 12 for o in outs)
+    assert engine.scheduler.stats["decode_steps"] > steps
+    assert not any(puts), f"{sum(puts)} jax.device_put calls inside decode steps"
 
 
 def _logged(fn, events, name):
