@@ -115,8 +115,9 @@ class TargetRunner:
     ):
         """`unroll_layers`: run the decoder layers as straight-line code instead of one
         `lax.scan` (no per-layer weight slices: the scan materializes each layer's weights
-        every step). Real SmolLM2 on 2 CPU cores: 0.75x the scan's time at B=1 decode, 0.80x
-        at verify K=8, 1.24x at B=32, but ~6x the compile time per shape (9.5 vs 1.5 s).
+        every step). For accelerators: on 2 CPU cores (real SmolLM2, 2026-11-28) it reads
+        1.02-1.05x the scan's time at B=1 decode and 1.32x at B=8, for ~6x the compile time
+        per shape (docs/performance.md section 17).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
