@@ -24,8 +24,7 @@ confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: t
 block in one forward, and a shorter block is a cheaper forward), with that block's measured draft
 cost: the block with the most tokens per second wins, and a step whose drafts would not pay runs
 no drafter at all. A request left undrafted for `probe_every` steps is drafted anyway (at the
-block that came closest to paying), so its estimate can recover, unless no verify of the probed
-requests could pay even if all their drafts passed (then due probes wait and go together); a step that would draft runs plain when the plain
+block that came closest to paying), so its estimate can recover; a step that would draft runs plain when the plain
 step's cost was last measured `refresh_every` steps ago, so that a stale reading cannot keep it
 drafting. Every `explore_every`-th step, shapes and draft blocks
 not measured recently look cheaper than predicted (`explore_discount`), so a choice that may be
@@ -257,11 +256,6 @@ class AdaptivePolicy:
         if probes.any() and not block:
             if probe_rate < (1 - self.probe_slack) * plain_rate:
                 probes[:] = False  # hopeless here: the idle estimates keep relaxing to their means
-            elif not self._probe_can_pay(n, int(probes.sum()), probe_block, plain_rate):
-                # No verify of these few could pay even if every draft passed (at 32 requests
-                # one more token row doubles the step's 32 rows): choose() would verify none, and
-                # the drafter would run for nothing. The due probes wait and go together.
-                probes[:] = False
             elif (bucket(int(probes.sum())), probe_block) not in self.cost.compiled_draft:
                 # A probe is a cheap measurement, not worth a compile (a second on a CPU): at a
                 # batch of 32 past the swept contexts, probes compiled 6 steps for 1.8 s each.
@@ -278,16 +272,6 @@ class AdaptivePolicy:
             rest = [i for i in np.argsort(-gains[:, 0], kind="stable") if not chosen[i]]
             chosen[rest[:room]] = True
         return DraftPlan(chosen, block if chosen.any() else 0)
-
-    def _probe_can_pay(self, n: int, count: int, block: int, plain_rate: float) -> bool:
-        """Whether drafting `count` of n requests (the drafter fills its power-of-two batch) at
-        `block` could beat the plain step's rate if every draft were accepted."""
-        rows = min(n, 1 << (count - 1).bit_length())
-        perfect = np.zeros((n, block - 1))
-        perfect[:rows] = 1.0
-        draft_cost = self.draft_cost(rows, block)
-        _, rate = best_lengths(perfect, lambda shape: draft_cost + self.shape_cost(shape))
-        return rate > plain_rate
 
     def _plain_cost_is_stale(self, n: int) -> bool:
         """The plain step of n requests is compiled and its cost not measured in `refresh_every`

@@ -535,28 +535,3 @@ def test_observing_a_batch_equals_observing_its_requests_one_by_one(with_confide
     assert any(together.requests[s].bias != 0 for s in range(n))  # the offsets did learn
     for table in ("hits", "trials", "position_hits", "position_trials"):
         np.testing.assert_array_equal(getattr(together.calibrator, table), getattr(alone.calibrator, table))
-
-
-def test_probes_that_no_verify_could_pay_for_wait_and_go_together():
-    """At a batch whose plain step fills its token bucket (4 requests, 4 rows here; 32 on a
-    server), verifying one more row costs a step of twice the rows: a probe of one request could
-    not pay for that even if its drafts all passed, so choose() would verify none and the drafter
-    would run for nothing. It waits; when all four are due, their drafts could pay, and they go."""
-    policy = AdaptivePolicy(num_drafts=7, probe_every=2, explore_every=0, refresh_every=0)
-    slots = [0, 1, 2, 3]
-    for slot in slots:
-        policy.add(slot)
-        policy.requests[slot].estimate[:] = 0.62
-    for _ in range(3):  # plain 0.1 s (4 rows); 8 rows 0.16 s; drafting 1 or 4 requests 0.005 s
-        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
-        policy.cost.observe((4, 8, 2), 0.16, 1, 0.005, 0.0, draft_block=2)
-        policy.cost.observe((4, 8, 2), 0.16, 4, 0.005, 0.0, draft_block=2)
-    policy.cost.compiled_draft.update({(1, 2), (4, 2)})
-    assert policy.plan_drafts(slots).block == 0  # 6.5 tokens in 0.165 s: 0.98x the plain rate, not drafted
-    policy.requests[0].idle = 1  # request 0 alone is due: 5 tokens in 0.165 s < 4 in 0.1 s
-    plan = policy.plan_drafts(slots)
-    assert plan.block == 0 and not plan.drafted.any()
-    for slot in slots:  # all four due: 8 tokens in 0.165 s would beat the plain step
-        policy.requests[slot].idle = 1
-    plan = policy.plan_drafts(slots)
-    assert plan.block == 2 and plan.drafted.all()
