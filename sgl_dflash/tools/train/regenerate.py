@@ -3,6 +3,9 @@
     regenerate(target, set_dir, prompts)   the target's responses to prompts not yet in the set,
                                            appended one shard per `shard_size` prompts (resumable:
                                            an interrupted run loses at most one shard's work)
+    followup_prompts(set, ...)             two-turn chats: a first turn, the target's own greedy
+                                           answer to it from the set, and the conversation's next
+                                           human turn
     verify(target, set_dir, num=16)        re-generates a random sample of greedy rows with our
                                            Engine and counts those identical over their first
                                            `tokens` tokens (the check before trusting imported rows)
@@ -21,10 +24,10 @@ from tqdm import tqdm
 from sgl_dflash.tools.train.responses import ResponseSet, ResponseSetError, target_identity
 
 
-def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """Token ids of a one-turn chat with the generation prompt appended."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
+def chat_prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """Token ids of a chat (one user turn, or a list of messages) with the generation prompt appended."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if hasattr(ids, "keys"):  # a BatchEncoding
         ids = ids["input_ids"]
     return [int(i) for i in ids]
@@ -49,6 +52,25 @@ def mix_prompts(rows: list[dict], num: int, mix: dict[str, float], seed: int) ->
     return picked
 
 
+def followup_prompts(responses: ResponseSet, first_turns: Sequence[dict], followups: Sequence[dict],
+                     tokenizer) -> list[dict]:
+    """Rows {"id", "source", "prompt": [messages]} for every follow-up whose first turn has a greedy
+    response in the set that ended on its own (a cut-off answer is not a conversation to continue).
+    The assistant turn is that response decoded, as a chat client would send it back."""
+    first_text = {r["id"]: r["prompt"] for r in first_turns}
+    answers = {r.id: r for r in responses.rows if r.greedy and r.finish == "stop"}
+    rows = []
+    for f in followups:
+        answer = answers.get(f["base_id"])
+        if answer is None or f["base_id"] not in first_text:
+            continue
+        messages = [{"role": "user", "content": first_text[f["base_id"]]},
+                    {"role": "assistant", "content": tokenizer.decode(answer.output_ids, skip_special_tokens=True)},
+                    {"role": "user", "content": f["prompt"]}]
+        rows.append({"id": f["id"], "source": f["source"], "prompt": messages})
+    return rows
+
+
 def sampling_name(temperature: float, top_p: float) -> str:
     return "greedy" if temperature == 0 else f"temperature {temperature:g}, top_p {top_p:g}"
 
@@ -63,8 +85,9 @@ def _engine(target_dir, batch_size: int, max_len: int, seed: int):
 def regenerate(target_dir: str | os.PathLike, set_dir: str | os.PathLike, prompts: Sequence[dict], *,
                max_new_tokens: int = 512, max_prompt_tokens: int = 384, batch_size: int = 32,
                shard_size: int = 256, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> ResponseSet:
-    """Append the target's responses to `prompts` ({"id", "prompt", "source"}) that the set does
-    not hold yet. Prompts longer than `max_prompt_tokens` (chat template applied) are skipped."""
+    """Append the target's responses to `prompts` ({"id", "prompt", "source"}; "prompt" is a text or
+    a list of chat messages) that the set does not hold yet, shortest prompts first (similar lengths
+    decode together). Prompts longer than `max_prompt_tokens` (chat template applied) are skipped."""
     from transformers import AutoTokenizer
 
     responses = ResponseSet.open(set_dir, target_identity(target_dir))
@@ -77,6 +100,7 @@ def regenerate(target_dir: str | os.PathLike, set_dir: str | os.PathLike, prompt
         ids = chat_prompt_ids(tokenizer, row["prompt"])
         if len(ids) <= max_prompt_tokens:
             todo.append((row, ids))
+    todo.sort(key=lambda item: len(item[1]))
     if not todo:
         return responses
     engine = _engine(target_dir, batch_size, max_prompt_tokens + max_new_tokens + 1, seed)

@@ -150,6 +150,13 @@ def test_holdout_split_is_stable_when_the_set_grows():
     # Growing the set can only move a held-out prompt out of the top 8, never shuffle the rest in.
     assert {r.id for r in held_small} == {r.id for r in held_big} and len(held_big) == 8
     assert not {r.id for r in train_big} & {r.id for r in held_big}  # sampled rows of held prompts too
+    # A later turn of a conversation never displaces a first turn from the held-out set, and a
+    # later turn of a held-out conversation (its prompt shows the held-out answer) is not trained on.
+    turns = [Response(f"id{i}/turn2", "s2", np.array([1]), np.array([2]), "stop", "greedy") for i in range(200)]
+    train_turns, held_turns = batches.split_holdout(rows(200) + turns, 8)
+    assert [r.id for r in held_turns] == [r.id for r in held_small]
+    assert {r.id for r in train_turns} == {r.id for r in rows(200) + turns} - {r.id for r in held_small} - {
+        f"{r.id}/turn2" for r in held_small}
 
 
 def test_the_kept_smollm2_set_is_complete():
