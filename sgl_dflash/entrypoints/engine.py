@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 from sgl_dflash.errors import InvalidRequestError, ServerArgsError
 from sgl_dflash.managers.detokenizer_manager import final_text
@@ -48,25 +48,58 @@ class Engine:
         skip_tokenizer_init). `sampling_params` is one dict for all prompts or one per prompt.
         """
         single, token_lists = self._inputs(prompt, input_ids)
-        params = self._sampling_params(sampling_params, len(token_lists))
+        reqs = self._queue(token_lists, self._sampling_params(sampling_params, len(token_lists)))
+        outputs: list[dict[str, Any]] = [{} for _ in reqs]
+        for i, out in self._drain(reqs):
+            outputs[i] = out
+        return outputs[0] if single else outputs
+
+    def generate_as_completed(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Like `generate` for a list of prompts, but yields `(index, result)` as each request
+        finishes, so a long job (regenerating a data set) keeps the batch full and saves as it goes.
+        Every prompt is validated and queued before this returns (admitted in order); closing the
+        iterator early aborts the requests still running or waiting."""
+        _, token_lists = self._inputs(prompt, input_ids)
+        return self._drain(self._queue(token_lists, self._sampling_params(sampling_params, len(token_lists))))
+
+    def _queue(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[Req]:
         reqs = [Req(new_rid(), ids, sp) for ids, sp in zip(token_lists, params)]
         for req in reqs:  # validate all before queueing any
             self.scheduler.validate_request(req)
         try:
             for req in reqs:
                 self.scheduler.add_request(req)
-            while not all(req.finished for req in reqs):
-                self.scheduler.step()
         except BaseException:
-            for req in reqs:
-                self.scheduler.abort_request(req.rid)
+            self._abort_unfinished(reqs)
             raise
-        # Text is decoded once per request, after the scheduler is done with it.
-        outputs = [
-            req.to_output(None if self.tokenizer is None else final_text(self.tokenizer, req.output_ids, req.finished_reason))
-            for req in reqs
-        ]
-        return outputs[0] if single else outputs
+        return reqs
+
+    def _drain(self, reqs: list[Req]) -> Iterator[tuple[int, dict[str, Any]]]:
+        left = list(range(len(reqs)))
+        try:
+            while left:
+                self.scheduler.step()
+                done = [i for i in left if reqs[i].finished]
+                if done:
+                    left = [i for i in left if not reqs[i].finished]
+                for i in done:
+                    # Text is decoded once per request, after the scheduler is done with it.
+                    req = reqs[i]
+                    text = None if self.tokenizer is None else final_text(self.tokenizer, req.output_ids,
+                                                                          req.finished_reason)
+                    yield i, req.to_output(text)
+        finally:  # an error, or a caller that stopped iterating: nothing stays queued
+            self._abort_unfinished(reqs)
+
+    def _abort_unfinished(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            if not req.finished:
+                self.scheduler.abort_request(req.rid)
 
     def _inputs(self, prompt: Any, input_ids: Any) -> tuple[bool, list[list[int]]]:
         if (prompt is None) == (input_ids is None):

@@ -67,6 +67,28 @@ def test_stop_token_and_eos_end_like_transformers(arch_setup):
     assert outs[1]["output_ids"] == [] and outs[1]["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
+def test_generate_as_completed_yields_each_result_when_it_finishes(arch_setup):
+    engine, _, references = arch_setup
+    lengths = [NEW_TOKENS, 3, 12, 1]
+    params = [{"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True} for n in lengths]
+    results = list(engine.generate_as_completed(input_ids=PROMPTS, sampling_params=params))
+    assert [i for i, _ in results] == [3, 1, 2, 0]  # the order they finished in
+    for i, out in results:
+        assert out["output_ids"] == references[i][: lengths[i]]
+    # A bad prompt is refused when the call is made, before anything is queued.
+    with pytest.raises(InvalidRequestError, match="invalid token ids"):
+        engine.generate_as_completed(input_ids=[[1, 2], [1, 10**6]])
+    # Stopping early aborts what is still running or waiting; the engine serves the next call.
+    many = [{"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}] * 12
+    stream = engine.generate_as_completed(input_ids=PROMPTS * 3, sampling_params=many)
+    next(stream)
+    stream.close()
+    stats = engine.scheduler.get_stats()
+    assert stats["num_running"] == stats["num_waiting"] == 0
+    assert stats["num_free_pages"] == stats["total_pages"]
+    assert engine.generate(input_ids=PROMPTS[0], sampling_params=params[0])["output_ids"] == references[0]
+
+
 def test_bad_requests_get_clear_errors(arch_setup):
     engine, _, _ = arch_setup
     with pytest.raises(SamplingParamsError, match="top_p"):

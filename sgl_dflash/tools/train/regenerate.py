@@ -1,8 +1,9 @@
 """Grow the kept response set with OUR engine, and check outside responses against it.
 
     regenerate(target, set_dir, prompts)   the target's responses to prompts not yet in the set,
-                                           appended one shard per `shard_size` prompts (resumable:
-                                           an interrupted run loses at most one shard's work)
+                                           appended one shard per `shard_size` finished prompts
+                                           (resumable: an interrupted run loses at most one shard's
+                                           work)
     followup_prompts(set, ...)             two-turn chats: a first turn, the target's own greedy
                                            answer to it from the set, and the conversation's next
                                            human turn
@@ -105,17 +106,24 @@ def regenerate(target_dir: str | os.PathLike, set_dir: str | os.PathLike, prompt
         return responses
     engine = _engine(target_dir, batch_size, max_prompt_tokens + max_new_tokens + 1, seed)
     params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    generated_by = f"sgl_dflash.Engine, float32, max_new_tokens {max_new_tokens}, seed {seed}"
     bar = tqdm(total=len(todo), desc="regenerate", unit="prompt")
-    for i in range(0, len(todo), shard_size):
-        chunk = todo[i : i + shard_size]
-        outs = engine.generate(input_ids=[ids for _, ids in chunk], sampling_params=params)
-        rows = [{"id": row["id"], "source": row["source"], "prompt_ids": ids,
-                 "output_ids": [int(t) for t in out["output_ids"]],
-                 "finish": out["meta_info"]["finish_reason"]["type"]}
-                for (row, ids), out in zip(chunk, outs)]
-        responses.append(rows, sampling=sampling, generated_by=f"sgl_dflash.Engine, float32, max_new_tokens "
-                                                               f"{max_new_tokens}, seed {seed}")
-        bar.update(len(chunk))
+    done, tokens = [], 0
+    # Every prompt queued at once keeps the batch full to the end (a shard per generate call would
+    # drain the batch to its longest answers); a shard is written whenever `shard_size` are done.
+    for i, out in engine.generate_as_completed(input_ids=[ids for _, ids in todo], sampling_params=params):
+        row, ids = todo[i]
+        done.append({"id": row["id"], "source": row["source"], "prompt_ids": ids,
+                     "output_ids": [int(t) for t in out["output_ids"]],
+                     "finish": out["meta_info"]["finish_reason"]["type"]})
+        tokens += len(done[-1]["output_ids"])
+        bar.update()
+        bar.set_postfix(tokens=tokens, refresh=False)
+        if len(done) >= shard_size:
+            responses.append(done, sampling=sampling, generated_by=generated_by)
+            done = []
+    if done:
+        responses.append(done, sampling=sampling, generated_by=generated_by)
     bar.close()
     engine.shutdown()
     return responses
