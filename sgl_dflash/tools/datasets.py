@@ -16,10 +16,10 @@ Training prompts (train_prompts.jsonl: {"id", "prompt", "source"}) come only fro
   math       MATH test problems (minerva_math_* subjects) that are NOT in MATH-500
   python     "write this function" prompts built from documented functions of the Python standard
              library on this machine
-Follow-ups (train_followups.jsonl: {"id", "base_id", "prompt", "source"}): the second human turn
-of a ShareGPT conversation whose first turn is a training prompt ("base_id"); the response set
-turns it into a two-turn chat with the target's OWN answer to the first turn
-(`sgl_dflash.train regenerate --followups`).
+Follow-ups (train_followups.jsonl: {"id", "base_id", "prompt", "source"}): human turns 2-4 of a
+ShareGPT conversation whose first turn is a training prompt, each naming the turn before it
+("base_id"); the response set turns each into a chat whose assistant turns are the target's OWN
+answers to the turns before (`sgl_dflash.train regenerate --followups`).
 Any training prompt or follow-up that equals or contains a benchmark prompt's question is dropped.
 """
 
@@ -189,17 +189,27 @@ def sharegpt_prompts(wheel_dir: Path | None = None, *, min_chars: int = 16, max_
 
 
 def sharegpt_followups(first_turns: list[dict], wheel_dir: Path | None = None, *, min_chars: int = 16,
-                       max_chars: int = 2000) -> list[dict]:
-    """The second human turn of each conversation whose first turn is in `first_turns` (the
-    decontaminated training prompts); the assistant turn between them is left to the response set."""
+                       max_chars: int = 2000, max_turn: int = 4) -> list[dict]:
+    """Later human turns (2 .. max_turn) of each conversation whose first turn is in `first_turns`
+    (the decontaminated training prompts), each naming the turn before it ("base_id"); the
+    assistant turns between them are left to the response set. A conversation stops at its first
+    unusable turn (a later one would need it as context)."""
     kept = {r["id"] for r in first_turns if r["source"] == "sharegpt"}
     rows = []
     for conv_id, turns in _sharegpt_conversations(wheel_dir):
-        if conv_id not in kept or len(turns) < 3 or turns[2].get("from") != "human":
+        if conv_id not in kept:
             continue
-        prompt = _usable_turn(turns[2], min_chars, max_chars)
-        if prompt is not None:
-            rows.append({"id": f"{conv_id}/turn2", "base_id": conv_id, "prompt": prompt, "source": "sharegpt-turn2"})
+        base_id = conv_id
+        for turn in range(2, max_turn + 1):
+            pos = 2 * (turn - 1)
+            if pos >= len(turns) or turns[pos].get("from") != "human" or turns[pos - 1].get("from") != "gpt":
+                break
+            prompt = _usable_turn(turns[pos], min_chars, max_chars)
+            if prompt is None:
+                break
+            rows.append({"id": f"{conv_id}/turn{turn}", "base_id": base_id, "prompt": prompt,
+                         "source": f"sharegpt-turn{turn}"})
+            base_id = rows[-1]["id"]
     return rows
 
 
@@ -355,7 +365,7 @@ def load_training_prompts() -> list[dict]:
 
 
 def load_training_followups() -> list[dict]:
-    """Second turns of the ShareGPT training conversations ({"id", "base_id", "prompt", "source"})."""
+    """Later turns of the ShareGPT training conversations ({"id", "base_id", "prompt", "source"})."""
     path = dataset_dir() / "train_followups.jsonl"
     if not path.is_file():
         extract_all()

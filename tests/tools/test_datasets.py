@@ -67,13 +67,18 @@ def test_training_prompts_never_include_benchmark_prompts(extracted):
 
 def test_followups_continue_training_conversations(extracted):
     _, first_turns, followups = extracted
-    sharegpt_ids = {r["id"] for r in first_turns if r["source"] == "sharegpt"}
+    before = {r["id"] for r in first_turns if r["source"] == "sharegpt"}
     assert len({r["id"] for r in followups}) == len(followups)
-    assert all(r["base_id"] in sharegpt_ids and r["id"] == r["base_id"] + "/turn2" for r in followups)
-    assert {r["source"] for r in followups} == {"sharegpt-turn2"}
+    for r in followups:  # each names the turn right before it, listed earlier
+        turn = int(r["id"].rsplit("/turn", 1)[1])
+        assert r["source"] == f"sharegpt-turn{turn}" and 2 <= turn <= 4, r["id"]
+        assert r["base_id"] in before and r["base_id"] == r["id"].rsplit("/turn", 1)[0] + (
+            f"/turn{turn - 1}" if turn > 2 else ""), r["id"]
+        before.add(r["id"])
+    assert {r["source"] for r in followups} == {"sharegpt-turn2", "sharegpt-turn3", "sharegpt-turn4"}
 
 
-def test_followup_chats_carry_the_targets_own_first_answer(extracted):
+def test_followup_chats_carry_the_targets_own_earlier_answers(extracted):
     from transformers import AutoTokenizer
 
     from sgl_dflash.tools import model_import
@@ -82,23 +87,33 @@ def test_followup_chats_carry_the_targets_own_first_answer(extracted):
 
     _, first_turns, followups = extracted
     tokenizer = AutoTokenizer.from_pretrained(model_import.ensure_default_model())
-    f0, f1 = followups[:2]
-    answer = tokenizer.encode("Paris is the capital.", add_special_tokens=False) + [tokenizer.eos_token_id]
-    rows = [Response(f0["base_id"], "sharegpt", np.array([1]), np.array(answer), "stop", "greedy"),
-            Response(f1["base_id"], "sharegpt", np.array([1]), np.array(answer[:2]), "length", "greedy")]
+    t2, t3 = next((a, b) for a, b in zip(followups, followups[1:]) if b["base_id"] == a["id"])
+    cut = next(f for f in followups if f["id"].endswith("/turn2") and f["base_id"] != t2["base_id"])
+
+    def answer(text, finish="stop"):
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        return np.array(ids if finish == "stop" else ids[:2]), finish
+
+    rows = [Response(rid, "sharegpt", np.array([1]), *answer(text, finish), "greedy") for rid, text, finish in [
+        (t2["base_id"], "Paris is the capital.", "stop"), (t2["id"], "It has 2 million people.", "stop"),
+        (cut["base_id"], "A cut-off answer", "length")]]
 
     class Set:  # the one attribute followup_prompts reads
-        pass
+        rows: list
+
     responses = Set()
     responses.rows = rows
-    chats = followup_prompts(responses, first_turns, followups[:2], tokenizer)
-    assert [c["id"] for c in chats] == [f0["id"]]  # a cut-off first answer is not continued
-    first = next(r["prompt"] for r in first_turns if r["id"] == f0["base_id"])
-    assert chats[0]["prompt"] == [{"role": "user", "content": first},
+    chats = followup_prompts(responses, first_turns, [t2, t3, cut], tokenizer)
+    assert [c["id"] for c in chats] == [t2["id"], t3["id"]]  # a cut-off answer is not continued
+    first = next(r["prompt"] for r in first_turns if r["id"] == t2["base_id"])
+    assert chats[1]["prompt"] == [{"role": "user", "content": first},
                                   {"role": "assistant", "content": "Paris is the capital."},
-                                  {"role": "user", "content": f0["prompt"]}]
-    text = tokenizer.decode(chat_prompt_ids(tokenizer, chats[0]["prompt"]))
-    assert text.endswith(f"Paris is the capital.<|im_end|>\n<|im_start|>user\n{f0['prompt']}<|im_end|>\n"
+                                  {"role": "user", "content": t2["prompt"]},
+                                  {"role": "assistant", "content": "It has 2 million people."},
+                                  {"role": "user", "content": t3["prompt"]}]
+    assert chats[0]["prompt"] == chats[1]["prompt"][:3]
+    text = tokenizer.decode(chat_prompt_ids(tokenizer, chats[1]["prompt"]))
+    assert text.endswith(f"2 million people.<|im_end|>\n<|im_start|>user\n{t3['prompt']}<|im_end|>\n"
                          "<|im_start|>assistant\n")
 
 
@@ -161,7 +176,7 @@ def test_kept_response_set_holds_only_decontaminated_training_prompts(extracted)
         by_id.setdefault(r["id"], []).append(r["prompt"])
     responses = ResponseSet.load(default_set_dir(model_import.DEFAULT_MODEL_NAME))
     tokenizer = AutoTokenizer.from_pretrained(model_import.ensure_default_model())
-    kept_followups = {r.id for r in responses if r.source == "sharegpt-turn2"}
+    kept_followups = {r.id for r in responses if r.source.startswith("sharegpt-turn")}
     for chat in followup_prompts(responses, train, [f for f in followups if f["id"] in kept_followups], tokenizer):
         by_id[chat["id"]] = [chat["prompt"]]
     assert len(responses) > 10_000

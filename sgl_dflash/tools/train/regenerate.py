@@ -4,9 +4,9 @@
                                            appended one shard per `shard_size` finished prompts
                                            (resumable: an interrupted run loses at most one shard's
                                            work)
-    followup_prompts(set, ...)             two-turn chats: a first turn, the target's own greedy
-                                           answer to it from the set, and the conversation's next
-                                           human turn
+    followup_prompts(set, ...)             multi-turn chats: the earlier turns, the target's own
+                                           greedy answers to them from the set, and the
+                                           conversation's next human turn
     verify(target, set_dir, num=16)        re-generates a random sample of greedy rows with our
                                            Engine and counts those identical over their first
                                            `tokens` tokens (the check before trusting imported rows)
@@ -55,20 +55,20 @@ def mix_prompts(rows: list[dict], num: int, mix: dict[str, float], seed: int) ->
 
 def followup_prompts(responses: ResponseSet, first_turns: Sequence[dict], followups: Sequence[dict],
                      tokenizer) -> list[dict]:
-    """Rows {"id", "source", "prompt": [messages]} for every follow-up whose first turn has a greedy
-    response in the set that ended on its own (a cut-off answer is not a conversation to continue).
-    The assistant turn is that response decoded, as a chat client would send it back."""
-    first_text = {r["id"]: r["prompt"] for r in first_turns}
+    """Rows {"id", "source", "prompt": [messages]} for every follow-up whose earlier turns all have
+    greedy answers in the set that ended on their own (a cut-off answer is not a conversation to
+    continue). Each assistant turn is that answer decoded, as a chat client would send it back."""
+    chats = {r["id"]: [{"role": "user", "content": r["prompt"]}] for r in first_turns}
     answers = {r.id: r for r in responses.rows if r.greedy and r.finish == "stop"}
     rows = []
-    for f in followups:
-        answer = answers.get(f["base_id"])
-        if answer is None or f["base_id"] not in first_text:
+    for f in followups:  # each after the turn it follows
+        answer, before = answers.get(f["base_id"]), chats.get(f["base_id"])
+        if answer is None or before is None:
             continue
-        messages = [{"role": "user", "content": first_text[f["base_id"]]},
-                    {"role": "assistant", "content": tokenizer.decode(answer.output_ids, skip_special_tokens=True)},
-                    {"role": "user", "content": f["prompt"]}]
-        rows.append({"id": f["id"], "source": f["source"], "prompt": messages})
+        chats[f["id"]] = before + [
+            {"role": "assistant", "content": tokenizer.decode(answer.output_ids, skip_special_tokens=True)},
+            {"role": "user", "content": f["prompt"]}]
+        rows.append({"id": f["id"], "source": f["source"], "prompt": chats[f["id"]]})
     return rows
 
 
