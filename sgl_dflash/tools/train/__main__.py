@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--mask-token-id", type=int, default=None)
     g.add_argument("--max-anchors", type=int, default=512)
     g.add_argument("--tokens-per-batch", type=int, default=16384)
+    g.add_argument("--max-seq-len", type=int, default=1024,
+                   help="prompt + response tokens kept per row (a multi-turn follow-up may be up to 768 + 512)")
     g.add_argument("--epochs", type=float, default=4.0)
     g.add_argument("--time-budget-s", type=float, default=None, help="fit the schedule into this many seconds")
     g.add_argument("--max-steps-this-call", type=int, default=None, help="stop (state saved) after n steps")
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             num_layers=args.num_layers, block_size=args.block_size, num_feature_layers=args.num_feature_layers,
             target_layer_ids=tuple(args.target_layer_ids) if args.target_layer_ids else None,
             mask_token_id=args.mask_token_id, max_anchors=args.max_anchors, tokens_per_batch=args.tokens_per_batch,
+            max_seq_len=args.max_seq_len,
             epochs=args.epochs, time_budget_s=args.time_budget_s, lr=args.lr, sampling=args.train_sampling,
             trim_loops=not args.no_trim_loops, holdout=args.holdout, init_from=args.init_from,
             init_layers_from_target=args.init_layers_from_target, feature_noise=args.feature_noise,

@@ -383,6 +383,11 @@ def test_regenerate_appends_resumes_and_verifies(tmp_path):
     bad_set = tmp_path / "bad_set"
     train_cli(["import", str(jsonl), "--sampling", "greedy", "--target", str(target), "--set", str(bad_set)])
     assert regenerate.verify(target, bad_set, num=1, tokens=10)["mismatches"][0]["first_difference"] == 0
+    # The trainer's CLI takes the row length (multi-turn rows are longer than the default 1024).
+    train_cli(["train", "--target", str(target), "--set", str(out), "--out", str(tmp_path / "d"), "--holdout", "2",
+               "--num-layers", "1", "--max-seq-len", "1000", "--tokens-per-batch", "64", "--max-steps-this-call", "1",
+               "--device", "cpu"])
+    assert torch.load(tmp_path / "d" / "train_state.pt", weights_only=False)["config"]["max_seq_len"] == 1000
 
 
 def test_shipped_smollm2_drafter_loads_and_records_its_recipe():
