@@ -1,7 +1,7 @@
 """Drafter training on the kept response set (data/<target>/; see docs/training.md).
 
     python -m sgl_dflash.train regenerate --num-prompts 2000      # grow the set with our Engine
-    python -m sgl_dflash.train regenerate --followups --max-prompt-tokens 768   # two-turn chats
+    python -m sgl_dflash.train regenerate --followups --max-prompt-tokens 768   # multi-turn chats
     python -m sgl_dflash.train import FILE.jsonl.gz --sampling greedy --generated-by "..."
     python -m sgl_dflash.train verify --num 16 --tokens 160       # imported rows == our Engine?
     python -m sgl_dflash.train train --out DIR --time-budget-s 1200   # CUDA if present, else CPU
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     g = parser.add_argument_group("regenerate / import / verify")
     g.add_argument("--num-prompts", type=int, default=2000)
     g.add_argument("--followups", action="store_true",
-                   help="regenerate: second turns of ShareGPT conversations after the set's greedy first answers")
+                   help="regenerate: later turns of ShareGPT conversations, after the set's greedy earlier answers")
     g.add_argument("--mix", type=_parse_mix, default=_parse_mix("sharegpt:0.5,math:0.3,python:0.2"))
     g.add_argument("--max-new-tokens", type=int, default=512)
     g.add_argument("--max-prompt-tokens", type=int, default=384)
