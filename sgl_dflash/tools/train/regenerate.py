@@ -110,20 +110,23 @@ def regenerate(target_dir: str | os.PathLike, set_dir: str | os.PathLike, prompt
     bar = tqdm(total=len(todo), desc="regenerate", unit="prompt")
     done, tokens = [], 0
     # Every prompt queued at once keeps the batch full to the end (a shard per generate call would
-    # drain the batch to its longest answers); a shard is written whenever `shard_size` are done.
-    for i, out in engine.generate_as_completed(input_ids=[ids for _, ids in todo], sampling_params=params):
-        row, ids = todo[i]
-        done.append({"id": row["id"], "source": row["source"], "prompt_ids": ids,
-                     "output_ids": [int(t) for t in out["output_ids"]],
-                     "finish": out["meta_info"]["finish_reason"]["type"]})
-        tokens += len(done[-1]["output_ids"])
-        bar.update()
-        bar.set_postfix(tokens=tokens, refresh=False)
-        if len(done) >= shard_size:
+    # drain the batch to its longest answers); a shard is written whenever `shard_size` are done,
+    # and on the way out of an interrupted run (Ctrl-C) with what has finished so far.
+    try:
+        for i, out in engine.generate_as_completed(input_ids=[ids for _, ids in todo], sampling_params=params):
+            row, ids = todo[i]
+            done.append({"id": row["id"], "source": row["source"], "prompt_ids": ids,
+                         "output_ids": [int(t) for t in out["output_ids"]],
+                         "finish": out["meta_info"]["finish_reason"]["type"]})
+            tokens += len(done[-1]["output_ids"])
+            bar.update()
+            bar.set_postfix(tokens=tokens, refresh=False)
+            if len(done) >= shard_size:
+                responses.append(done, sampling=sampling, generated_by=generated_by)
+                done = []
+    finally:
+        if done:
             responses.append(done, sampling=sampling, generated_by=generated_by)
-            done = []
-    if done:
-        responses.append(done, sampling=sampling, generated_by=generated_by)
     bar.close()
     engine.shutdown()
     return responses

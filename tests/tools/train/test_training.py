@@ -354,7 +354,7 @@ def test_init_from_target_layers_copies_the_last_layers(tiny_target):
 
 # -- growing the set with our engine ---------------------------------------------------------------
 @pytest.mark.slow
-def test_regenerate_appends_resumes_and_verifies(tmp_path):
+def test_regenerate_appends_resumes_and_verifies(tmp_path, monkeypatch):
     from sgl_dflash.tools.tiny_pair import train_tokenizer
     from sgl_dflash.tools.train import regenerate
     from sgl_dflash.tools.train.__main__ import main as train_cli
@@ -373,6 +373,27 @@ def test_regenerate_appends_resumes_and_verifies(tmp_path):
     assert [s["responses"] for s in rs.manifest["shards"]] == [4, 2, 4]
     assert all(r.finish in ("stop", "length") and 1 <= len(r.output_ids) <= 10 for r in rs)
     assert rs.rows[0].prompt_ids.tolist() == regenerate.chat_prompt_ids(tok, prompts[0]["prompt"])
+    # Interrupted (Ctrl-C) after two answers: those two are kept, the rerun does the rest.
+    from sgl_dflash.entrypoints.engine import Engine
+
+    streamed = Engine.generate_as_completed
+
+    def interrupted(self, *args, **kwargs):
+        stream = streamed(self, *args, **kwargs)
+        yield next(stream)
+        yield next(stream)
+        stream.close()
+        raise KeyboardInterrupt
+
+    more = [{"id": f"q{i}", "prompt": f"add {i} and {i + 3}", "source": "test"} for i in range(5)]
+    monkeypatch.setattr(Engine, "generate_as_completed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        regenerate.regenerate(target, out, more, max_new_tokens=10, batch_size=4, shard_size=4)
+    assert ResponseSet.load(out).manifest["shards"][-1]["responses"] == 2
+    monkeypatch.setattr(Engine, "generate_as_completed", streamed)
+    rs = regenerate.regenerate(target, out, more, max_new_tokens=10, batch_size=4, shard_size=4)
+    assert [s["responses"] for s in rs.manifest["shards"]] == [4, 2, 4, 2, 3]
+    assert sorted(r.id for r in rs) == sorted(p["id"] for p in prompts + more)
     check = regenerate.verify(target, out, num=5, tokens=10)
     assert check["checked"] == 5 and check["identical"] == 5
     # A stored response the engine would not produce is caught.
