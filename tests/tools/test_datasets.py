@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -98,11 +99,7 @@ def test_followup_chats_carry_the_targets_own_earlier_answers(extracted):
         (t2["base_id"], "Paris is the capital.", "stop"), (t2["id"], "It has 2 million people.", "stop"),
         (cut["base_id"], "A cut-off answer", "length")]]
 
-    class Set:  # the one attribute followup_prompts reads
-        rows: list
-
-    responses = Set()
-    responses.rows = rows
+    responses = SimpleNamespace(rows=rows)  # the one attribute followup_prompts reads
     chats = followup_prompts(responses, first_turns, [t2, t3, cut], tokenizer)
     assert [c["id"] for c in chats] == [t2["id"], t3["id"]]  # a cut-off answer is not continued
     first = next(r["prompt"] for r in first_turns if r["id"] == t2["base_id"])
