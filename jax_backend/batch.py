@@ -51,6 +51,9 @@ class Batch:
     max_q_len: int = dataclasses.field(metadata=dict(static=True))  # bucketed longest q_len
     # how this step's new tokens attend to each other (`paged_attention.choose_query_tile`)
     query_tile: int = dataclasses.field(default=0, metadata=dict(static=True))
+    # attention visits only the page chunks the longest cached prefix needs (a trip count on the
+    # device; for CPU, see `paged_attention`), not all W columns
+    loop_to_longest: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +93,7 @@ def build_batch(
     min_pages: int = 1,
     fine_tokens: bool = False,
     query_tiles: bool = True,
+    loop_to_longest: bool = False,
 ) -> tuple[Batch, BatchLayout]:
     """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
 
@@ -98,12 +102,13 @@ def build_batch(
     of 100 tokens ran as 1,024 rows), and a prefill program compiles in about a second.
     `query_tiles`: let attention take query tiles where they compute less (`choose_query_tile`);
     False keeps the dense per-sequence blocks (the layout before tiles, for comparison).
+    `loop_to_longest`: see `Batch.loop_to_longest`.
 
     The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
     see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
     pages rounded up to a power of two (at least `min_pages`, at most `pages_per_seq`; 0 when no
     sequence has a cached prefix). Attention visits every column, a static amount of work per
-    bucket, so it never loops on a device-side length."""
+    bucket, unless `loop_to_longest` lets it stop after the longest prefix's chunks."""
     if not seqs:
         raise BatchError("build_batch needs at least one sequence")
     for i, seq in enumerate(seqs):
@@ -150,6 +155,7 @@ def build_batch(
         tokens, positions, slots, kv_lens, page_indices, cu_q_lens, np.array([len(seqs)], np.int32), logits_indices,
         max_q_len=max_q_len,
         query_tile=choose_query_tile(num_tokens, max_seqs, max_q_len) if query_tiles else 0,
+        loop_to_longest=loop_to_longest,
     )
     layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
     return batch, layout

@@ -8,6 +8,9 @@ a loop whose trip count XLA derived statically carries `known_trip_count` in its
     XLA_FLAGS="--xla_dump_to=DUMP_DIR --xla_dump_hlo_as_text"   # (any program, any backend)
 
 prints each optimized module's while loops and exits 1 if any has no known trip count.
+On CPU the target's attention loop stops at the longest prefix's chunks by design (a trip count
+read on the device, free there: `Batch.loop_to_longest`), so a CPU dump of a step with a cached
+prefix past one chunk lists that loop; programs for accelerators have none.
 """
 
 from __future__ import annotations

@@ -150,6 +150,7 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
             sm_scale=head_dim**-0.5,
             max_q_len=batch.max_q_len,
             query_tile=batch.query_tile,
+            loop_to_longest=batch.loop_to_longest,
         )
         h = h + attn.reshape(num_tokens, q_dim) @ w["o_proj"]
 

@@ -17,7 +17,10 @@ How (static shapes, cost proportional to the real context, not to the page-table
   the loop's trip count; on GPU a data-dependent trip count is read on the host every iteration).
   The caller sizes the page table to the batch's context: `jax_backend.batch` makes its width the
   longest cached prefix in pages rounded up to a power of two, so the cost follows the real
-  context within 2x and a growing context compiles once per bucket, not per length;
+  context within 2x and a growing context compiles once per bucket, not per length. With
+  `loop_to_longest` the loop stops after the chunks the longest sequence needs (a trip count
+  computed on the device: free on CPU, where the host runs the loop anyway; on GPU it would be
+  read back every iteration), so the cost follows the real context within one chunk;
 - results are gathered back to the packed token rows.
 
 `prefix_block_attention` is the variant the model uses: the pages hold only the cached prefix
@@ -95,10 +98,11 @@ def _online_softmax_step(state, q, keys, values, visible, sm_scale, mask_value):
     return _SoftmaxState(m_new, l_new, alpha[..., None] * state.acc + pv)
 
 
-def _attend_pages(state, q, kv_pages, page_indices, limit, *, sm_scale, mask_value, chunk_tokens):
-    """Fold cache positions k < limit[s, j] into the state, chunk by chunk over all the pages of
-    `page_indices` (a static number of chunks; columns past a sequence's pages point at the
-    scratch page 0 and are masked by `limit`)."""
+def _attend_pages(state, q, kv_pages, page_indices, limit, *, sm_scale, mask_value, chunk_tokens, longest=None):
+    """Fold cache positions k < limit[s, j] into the state, chunk by chunk over the pages of
+    `page_indices` (columns past a sequence's pages point at the scratch page 0 and are masked by
+    `limit`): all of its chunks, or only those below `longest` (a device scalar: no real query
+    sees a position at or past it) when given."""
     _, page_size, num_combined, head_dim = kv_pages.shape
     max_seqs, pages_per_seq = page_indices.shape
     chunk_pages = max(1, min(chunk_tokens // page_size, pages_per_seq))
@@ -115,6 +119,8 @@ def _attend_pages(state, q, kv_pages, page_indices, limit, *, sm_scale, mask_val
 
     if num_chunks <= 1:  # no loop at all for a short context (0 chunks: no cached prefix)
         return body(0, state) if num_chunks else state
+    if longest is not None:  # 0 trips when no sequence has a cached prefix: the state stays empty
+        return jax.lax.fori_loop(0, jnp.clip((longest + chunk - 1) // chunk, 0, num_chunks), body, state)
     return jax.lax.fori_loop(0, num_chunks, body, state)
 
 
@@ -137,6 +143,11 @@ def _finish(state, layout, out_dtype, num_q_heads):
     dense = (state.acc / state.l[..., None]).transpose(0, 3, 1, 2, 4).reshape(s, qm, num_q_heads, d)
     out = dense[layout.seq_of_token, layout.offset_in_seq].astype(out_dtype)
     return jnp.where(layout.token_valid[:, None, None], out, jnp.zeros((), out_dtype))
+
+
+def _longest(lengths: jax.Array, num_seqs: jax.Array) -> jax.Array:
+    """The longest of the real sequences' `lengths` (padding sequences may hold anything)."""
+    return jnp.max(jnp.where(jnp.arange(lengths.shape[0]) < num_seqs[0], lengths, 0))
 
 
 def _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
@@ -175,6 +186,7 @@ def ragged_paged_attention(
     mask_value: float = DEFAULT_MASK_VALUE,
     max_q_len: int | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    loop_to_longest: bool = False,
 ) -> jax.Array:
     """Attention of packed ragged queries over paged K/V (new tokens already in the pages);
     returns [T, Hq, D].
@@ -193,6 +205,7 @@ def ragged_paged_attention(
     state = _attend_pages(
         _init_state(q, mask_value), q, kv_pages, page_indices, q_pos + 1,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
+        longest=_longest(kv_lens, num_seqs) if loop_to_longest else None,
     )
     return _finish(state, layout, queries.dtype, num_q_heads)
 
@@ -212,6 +225,7 @@ def prefix_block_attention(
     max_q_len: int | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     query_tile: int | None = None,
+    loop_to_longest: bool = False,
 ) -> jax.Array:
     """Same result as writing the new K/V into the pages and calling `ragged_paged_attention`,
     without the write: cache positions < kv_len - q_len come from the pages (anything stored at
@@ -239,6 +253,7 @@ def prefix_block_attention(
     state = _attend_pages(
         _init_state(q, mask_value), q, kv_pages, page_indices, limit,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
+        longest=_longest(prefix_lens, num_seqs) if loop_to_longest else None,
     )
     if query_tile:  # the cached prefix's part (if any) moves to the packed rows and is merged there
         prefix = _packed_state(state, layout) if page_indices.shape[1] else None

@@ -157,6 +157,7 @@ class TargetRunner:
             ),
             self.params["embed"].dtype,
         )
+        self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # see Batch
 
         self.unroll_layers, self.fuse_projections = unroll_layers, fuse_projections
         # The step's view of the weights; `self.params` keeps the loaded (stacked) layout.
@@ -362,10 +363,9 @@ class TargetRunner:
             ids = np.asarray(seq.token_ids)
             if ids.size and (ids.min() < 0 or ids.max() >= vocab):
                 raise BatchError(f"sequence {i}: token ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
-
         # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv` pads its scatter.
         return build_batch(seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_pages=self._min_pages,
-                           fine_tokens=fine_tokens, query_tiles=query_tiles)
+                           fine_tokens=fine_tokens, query_tiles=query_tiles, loop_to_longest=self._loop_to_longest)
 
     @property
     def _min_pages(self) -> int:

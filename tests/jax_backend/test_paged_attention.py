@@ -148,6 +148,41 @@ def test_prefix_block_attention_equals_write_then_attend():
     np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
 
 
+
+@pytest.mark.parametrize("chunk_tokens", [4, 8])
+def test_loop_to_longest_equals_every_chunk_and_reads_no_further(chunk_tokens):
+    """With `loop_to_longest` attention stops after the chunks the longest cached prefix needs
+    (21 tokens: 3 of the page table's 4 chunks of 8, 6 of 8 chunks of 4): the same outputs as
+    visiting every chunk, and pages named only past those chunks are never read (NaN there
+    poisons the every-chunk result through its zero weights, not this one)."""
+    args, specs = _mixed_case(4, 2, seed=8)
+    table = np.array(args["page_indices"])
+    assert max(kv_len for _, kv_len in specs) == 21 and table.shape[1] * PAGE == 32
+    needed_columns = -(-21 // chunk_tokens) * chunk_tokens // PAGE
+    pool = np.array(args["kv_pages"])
+    poison = min(set(range(1, NUM_PAGES)) - set(table.flat))  # a page no sequence owns
+    pool[poison] = np.nan
+    table[:, needed_columns:] = poison
+    args = dict(args, kv_pages=jnp.asarray(pool), page_indices=jnp.asarray(table))
+    rng = np.random.default_rng(9)
+    num_tokens = args["queries"].shape[0]
+    k, v = (jnp.asarray(rng.standard_normal((num_tokens, 2, HEAD_DIM), np.float32)) for _ in range(2))
+
+    def run(fn, loop_to_longest, arrays, *extra):
+        fn = functools.partial(fn, sm_scale=HEAD_DIM**-0.5, max_q_len=16, chunk_tokens=chunk_tokens,
+                               loop_to_longest=loop_to_longest)
+        return np.asarray(jax.jit(fn)(arrays["queries"], *extra, **{n: a for n, a in arrays.items() if n != "queries"}))
+
+    clean = dict(args, page_indices=jnp.where(args["page_indices"] == poison, 0, args["page_indices"]))
+    for fn, extra in ((ragged_paged_attention, ()), (prefix_block_attention, (k, v))):
+        expected = run(fn, False, clean, *extra)
+        assert np.isfinite(expected).all()
+        np.testing.assert_array_equal(run(fn, True, args, *extra), expected)
+        assert np.isnan(run(fn, False, args, *extra)).any()
+    no_prefix = dict(args, kv_lens=jnp.diff(args["cu_q_lens"]))  # every sequence a prefill: no chunk read
+    assert np.isfinite(run(prefix_block_attention, True, no_prefix, k, v)).all()
+    assert np.isnan(run(prefix_block_attention, False, no_prefix, k, v)).any()
+
 @pytest.mark.parametrize("query_tile", [4, 8, 32])
 @pytest.mark.parametrize("cached_prefix", [True, False])
 def test_query_tiles_equal_dense_blocks(query_tile, cached_prefix):

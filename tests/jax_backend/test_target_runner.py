@@ -94,6 +94,25 @@ def test_prefill_of_one_long_and_short_prompts_matches_transformers(runner, hf):
         runner.allocator.free(i)
 
 
+
+def test_long_prefix_steps_visit_only_the_chunks_they_need_and_match_transformers(checkpoint, hf):
+    """On CPU a step's attention stops after the 256-token chunks its longest cached prefix
+    needs (600 tokens: 3 of the 1,024-token window's 4): a decode and a verify block beside it
+    still give transformers' logits, and the same step visiting every chunk agrees."""
+    runner = TargetRunner(checkpoint, page_size=8, max_total_tokens=2048, max_num_seqs=4, aux_layer_ids=AUX)
+    a, b = _ids(60, 601), _ids(61, 56)
+    tables = {name: runner.allocator.allocate(name, len(ids)) for name, ids in (("a", a), ("b", b))}
+    runner.forward([SeqInput(a[:600], 0, tables["a"]), SeqInput(b[:40], 0, tables["b"])])
+    seqs = [SeqInput(a[600:], 600, tables["a"], logits="all"), SeqInput(b[40:], 40, tables["b"], logits="all")]
+    batch = runner._batch(seqs)[0]
+    assert batch.loop_to_longest and batch.page_indices.shape[1] * runner.page_size == 1024
+    out = runner.forward(seqs)
+    for ids, start, logits in zip((a, b), (600, 40), out.logits):
+        np.testing.assert_allclose(logits, _hf_run(hf, ids)[0][start:], atol=TOL, rtol=0)
+    runner._loop_to_longest = False  # the same step over all 4 chunks (the accelerator path)
+    for every, stopped in zip(runner.forward(seqs).logits, out.logits):
+        np.testing.assert_allclose(every, stopped, atol=1e-6, rtol=0)
+
 def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
     """`sample(device_features=True)`: the same tokens, and the features of every sequence's
     token as rows of one device array (padding rows after them), equal to the host ones."""
