@@ -193,7 +193,8 @@ def ragged_paged_attention(
 
     `max_q_len` (static) bounds every sequence's query count; None means T (always correct,
     slower). A bound smaller than a real q_len gives wrong results: callers that pad to buckets
-    (see `jax_backend.batch`) know the bound.
+    (see `jax_backend.batch`) know the bound. `loop_to_longest`: visit only the chunks holding
+    the longest real sequence's context (a device-side trip count: for CPU; see the module doc).
     """
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     num_tokens, num_q_heads, _ = queries.shape
@@ -236,7 +237,8 @@ def prefix_block_attention(
     over the window of rows a tile can need (T x (tile + Q) scores). None picks the cheaper: a
     prefill batch with one long prompt among short ones pays S x Q x Q for its longest prompt in
     the dense layout (8 prompts, 943 tokens, one of 310: Q = 512, 2.1M scores per head and layer
-    against 0.66M in tiles of 128)."""
+    against 0.66M in tiles of 128). `loop_to_longest`: as in `ragged_paged_attention`, up to
+    the longest cached prefix."""
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     num_tokens, num_q_heads, _ = queries.shape
     num_kv_heads = kv_pages.shape[2] // 2
