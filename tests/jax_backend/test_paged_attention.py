@@ -148,7 +148,6 @@ def test_prefix_block_attention_equals_write_then_attend():
     np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
 
 
-
 @pytest.mark.parametrize("chunk_tokens", [4, 8])
 def test_loop_to_longest_equals_every_chunk_and_reads_no_further(chunk_tokens):
     """With `loop_to_longest` attention stops after the chunks the longest cached prefix needs
@@ -182,6 +181,7 @@ def test_loop_to_longest_equals_every_chunk_and_reads_no_further(chunk_tokens):
     no_prefix = dict(args, kv_lens=jnp.diff(args["cu_q_lens"]))  # every sequence a prefill: no chunk read
     assert np.isfinite(run(prefix_block_attention, True, no_prefix, k, v)).all()
     assert np.isnan(run(prefix_block_attention, False, no_prefix, k, v)).any()
+
 
 @pytest.mark.parametrize("query_tile", [4, 8, 32])
 @pytest.mark.parametrize("cached_prefix", [True, False])

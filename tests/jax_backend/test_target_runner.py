@@ -94,7 +94,6 @@ def test_prefill_of_one_long_and_short_prompts_matches_transformers(runner, hf):
         runner.allocator.free(i)
 
 
-
 def test_long_prefix_steps_visit_only_the_chunks_they_need_and_match_transformers(checkpoint, hf):
     """On CPU a step's attention stops after the 256-token chunks its longest cached prefix
     needs (600 tokens: 3 of the 1,024-token window's 4): a decode and a verify block beside it
@@ -112,6 +111,7 @@ def test_long_prefix_steps_visit_only_the_chunks_they_need_and_match_transformer
     runner._loop_to_longest = False  # the same step over all 4 chunks (the accelerator path)
     for every, stopped in zip(runner.forward(seqs).logits, out.logits):
         np.testing.assert_allclose(every, stopped, atol=1e-6, rtol=0)
+
 
 def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
     """`sample(device_features=True)`: the same tokens, and the features of every sequence's

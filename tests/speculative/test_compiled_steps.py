@@ -27,12 +27,11 @@ ENGINE_RUN = textwrap.dedent(
     from jax_backend.runner import TargetRunner
     from sgl_dflash.entrypoints.engine import Engine
 
-    if sys.argv[3] == "accelerator":  # attention over every chunk: what a GPU/TPU runner compiles
-        cpu_init = TargetRunner.__init__
-        def accelerator_init(self, *args, **kwargs):
-            cpu_init(self, *args, **kwargs)
-            self._loop_to_longest = False
-        TargetRunner.__init__ = accelerator_init
+    cpu_init = TargetRunner.__init__
+    def accelerator_init(self, *args, **kwargs):  # attention over every chunk, as on GPU/TPU
+        cpu_init(self, *args, **kwargs)
+        self._loop_to_longest = False
+    TargetRunner.__init__ = accelerator_init
     target, draft = sys.argv[1], sys.argv[2]
     common = dict(model_path=target, skip_tokenizer_init=True, max_total_tokens=2048,
                   max_running_requests=4, context_length=640, random_seed=0)
@@ -51,8 +50,8 @@ def test_engine_programs_have_no_while_loop_with_unknown_trip_count(tmp_path, sp
     dump = tmp_path / "xla_dump"
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_cpu_multi_thread_eigen=false")
-    subprocess.run([sys.executable, "-c", ENGINE_RUN, spec_target_dir, random_draft_dir, "accelerator"], env=env,
-                   check=True, cwd=tmp_path, timeout=900)
+    subprocess.run([sys.executable, "-c", ENGINE_RUN, spec_target_dir, random_draft_dir], env=env, check=True,
+                   cwd=tmp_path, timeout=900)
     modules = optimized_modules(dump)
     steps = {name: text for name, text in modules.items() if any(
         f"jit_{step}." in name for step in ("step", "sample_step", "verify_step"))}
