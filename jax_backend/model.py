@@ -2,8 +2,9 @@
 
 Numerics follow transformers' eager implementation: RMSNorm in float32 cast back to the
 activation dtype before the weight multiply, RoPE with the rotate_half convention and cos/sin
-computed in float32, attention softmax in float32. Layers run under one `lax.scan` over the
-stacked layer params, so compile time does not grow with depth.
+computed in float32, attention softmax in float32. By default the layers run under one
+`lax.scan` over the stacked layer params, so compile time does not grow with depth (`forward`
+names the other layer loops).
 """
 
 from __future__ import annotations
@@ -74,11 +75,17 @@ def forward(
     mark them static when jitting).
 
     kv_pool: [num_layers, num_pages, page_size, 2*Hkv, D] (K even / V odd on axis 3).
-    params["layers"]: a dict of stacked [num_layers, ...] arrays runs the layers under one
-    `lax.scan` (compile time flat in depth); a list of per-layer dicts (`unstack_layers`) runs
-    them unrolled (no per-iteration carry copies or weight slicing; faster on accelerators,
-    slower to compile). Fused "qkv_proj" / "gate_up_proj" weights (`fuse_projections`) replace
-    the separate projections when present.
+    params["layers"]: its layout chooses how the decoder layers run (`LAYER_LOOPS`):
+      - a dict of stacked [num_layers, ...] arrays: one `lax.scan` over them ("scan"; compile
+        time flat in depth, but each iteration slices its layer's weights out of the stack, and
+        XLA:CPU copies those slices before its small-M matmul kernels read them);
+      - `LayerBranches` of per-layer dicts (`switch_layers`): one `lax.scan` over the layer
+        index whose body is a `lax.switch` with one branch per layer ("switch"; each branch
+        reads its own weights where they lie: no per-step weight copies, a longer compile);
+      - a list of per-layer dicts (`unstack_layers`): straight-line code ("unrolled"; no loop
+        at all, the longest compile; for accelerators).
+    Fused "qkv_proj" / "gate_up_proj" weights (`fuse_projections`) replace the separate
+    projections when present.
     Returns (logits [R, V] float32 for rows `batch.logits_indices`,
              aux [T, len(aux_layer_ids) * H] = concat of the OUTPUT of each layer l in
              `aux_layer_ids` (the residual stream after layer l, before any final norm; equal to
@@ -88,7 +95,7 @@ def forward(
     """
     h, aux, new_kv = _layers(params, config, kv_pool, batch, aux_layer_ids)
     slots = batch.slot_mapping
-    if isinstance(params["layers"], (list, tuple)):
+    if isinstance(params["layers"], list):
         # Unrolled, XLA hoists every layer's page gather to the start, where nothing orders it
         # before the in-place write below, and it copies the whole pool (twice) to keep the
         # reads safe. A data edge from h (which every read feeds) to the write's slots orders
@@ -164,9 +171,10 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
 
     h = params["embed"][batch.tokens]
     n_aux = len(aux_layer_ids)
-    if isinstance(params["layers"], (list, tuple)):  # unrolled: static indices, no carry
+    layers = params["layers"]
+    if isinstance(layers, list):  # unrolled: static indices, no carry
         outputs, new_kv = [], []
-        for index, w in enumerate(params["layers"]):
+        for index, w in enumerate(layers):
             h, kv = layer(h, w, index)
             outputs.append(h)
             new_kv.append(kv)
@@ -179,27 +187,72 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     aux_slot[list(aux_layer_ids)] = np.arange(n_aux, dtype=np.int32)
     aux_slot = jnp.asarray(aux_slot)
 
+    if isinstance(layers, LayerBranches):  # branch i closes over layer i's own weights
+        branches = [lambda h, w=w, i=i: layer(h, w, i) for i, w in enumerate(layers.layers)]
+        run_layer = lambda h, index: jax.lax.switch(index, branches, h)  # noqa: E731
+        xs = jnp.arange(num_layers)
+    else:
+        run_layer = lambda h, xs: layer(h, xs[0], xs[1])  # noqa: E731
+        xs = (layers, jnp.arange(num_layers))
+
     def scanned(carry, xs):
         h, aux = carry
-        w, index = xs
-        h, kv = layer(h, w, index)
+        h, kv = run_layer(h, xs)
         if n_aux:
+            index = xs if isinstance(layers, LayerBranches) else xs[1]
             aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
         return (h, aux), kv
 
     aux = jnp.zeros((n_aux + 1 if n_aux else 0, num_tokens, hidden), dtype)
-    (h, aux), new_kv = jax.lax.scan(scanned, (h, aux), (params["layers"], jnp.arange(num_layers)))
+    (h, aux), new_kv = jax.lax.scan(scanned, (h, aux), xs)
     aux = aux[:n_aux].transpose(1, 0, 2).reshape(num_tokens, n_aux * hidden)
     return h, aux, new_kv
 
 
+LAYER_LOOPS = ("scan", "switch", "unrolled")  # how `forward` runs the decoder layers
+
+
+@jax.tree_util.register_pytree_node_class
+class LayerBranches:
+    """Per-layer weight dicts that `forward` runs as one branch each of a `lax.switch` inside a
+    scan over the layer index (the "switch" layer loop; `switch_layers`)."""
+
+    def __init__(self, layers):
+        self.layers = tuple(layers)
+
+    def tree_flatten(self):
+        return self.layers, None
+
+    @classmethod
+    def tree_unflatten(cls, _, layers):
+        return cls(layers)
+
+
 def unstack_layers(params: dict) -> dict:
     """params with "layers" as a list of per-layer dicts (the unrolled layout of `forward`)."""
-    layers = params["layers"]
-    if isinstance(layers, (list, tuple)):
-        return params
+    return {**params, "layers": _per_layer(params["layers"])}
+
+
+def switch_layers(params: dict) -> dict:
+    """params with "layers" as `LayerBranches` (the switch layout of `forward`)."""
+    return {**params, "layers": LayerBranches(_per_layer(params["layers"]))}
+
+
+def layer_layout(params: dict, layer_loop: str) -> dict:
+    """params laid out for `layer_loop` (one of `LAYER_LOOPS`; from the stacked layout)."""
+    if layer_loop not in LAYER_LOOPS:
+        raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
+    return {"scan": dict, "switch": switch_layers, "unrolled": unstack_layers}[layer_loop](params)
+
+
+def _per_layer(layers) -> list[dict]:
+    """A list of per-layer weight dicts (copies of the stack's slices: made once, at load)."""
+    if isinstance(layers, LayerBranches):
+        return list(layers.layers)
+    if isinstance(layers, list):
+        return layers
     num_layers = next(iter(layers.values())).shape[0]
-    return {**params, "layers": [{name: w[i] for name, w in layers.items()} for i in range(num_layers)]}
+    return [{name: w[i] for name, w in layers.items()} for i in range(num_layers)]
 
 
 def fuse_projections(params: dict) -> dict:
@@ -213,5 +266,7 @@ def fuse_projections(params: dict) -> dict:
         return w
 
     layers = params["layers"]
-    fused = [fuse(w) for w in layers] if isinstance(layers, (list, tuple)) else fuse(layers)
+    if isinstance(layers, LayerBranches):
+        return {**params, "layers": LayerBranches(fuse(w) for w in layers.layers)}
+    fused = [fuse(w) for w in layers] if isinstance(layers, list) else fuse(layers)
     return {**params, "layers": fused}

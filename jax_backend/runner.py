@@ -109,18 +109,20 @@ class TargetRunner:
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         aux_layer_ids: Sequence[int] = (),
-        unroll_layers: bool = False,
+        layer_loop: str = "scan",
         fuse_projections: bool = False,
         tp_size: int = 1,
     ):
-        """`unroll_layers`: run the decoder layers as straight-line code instead of one
-        `lax.scan` (no per-layer weight slices: the scan materializes each layer's weights
-        every step). For accelerators: on 2 CPU cores (real SmolLM2, 2026-11-28) it reads
-        1.02-1.05x the scan's time at B=1 decode and 1.32x at B=8, for ~6x the compile time
-        per shape (docs/performance.md section 17).
+        """`layer_loop` (`model.forward`): "scan" (default), "switch" (no per-step weight copies:
+        on 2 CPU cores 0.88-0.93x the scan's step with 8-64 sequences, 1.05-1.15x with 1-4, ~4x
+        the compile time; docs/performance.md section 19) or "unrolled" (for accelerators; on
+        CPU slower than the scan, section 17). The non-scan layouts hold a per-layer copy of
+        the layer weights beside the stacked ones (`self.params` keeps the loaded layout).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
+        if layer_loop not in model.LAYER_LOOPS:
+            raise ValueError(f"layer_loop must be one of {model.LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
         self.config, self.params = load_target(
             model_dir, dtype, None if self.mesh is None else sharding.param_sharding(self.mesh, self._tp_config)
@@ -159,13 +161,11 @@ class TargetRunner:
         )
         self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # see Batch
 
-        self.unroll_layers, self.fuse_projections = unroll_layers, fuse_projections
+        self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         # The step's view of the weights; `self.params` keeps the loaded (stacked) layout.
-        self._step_params = self.params
+        self._step_params = model.layer_layout(self.params, layer_loop)
         if fuse_projections:
             self._step_params = model.fuse_projections(self._step_params)
-        if unroll_layers:
-            self._step_params = model.unstack_layers(self._step_params)
 
         def step(params, kv_pool, batch):
             return model.forward(params, config, kv_pool, batch, aux_layer_ids)

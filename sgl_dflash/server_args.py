@@ -13,6 +13,7 @@ from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm
 
 
 DTYPES = ("auto", "float32", "bfloat16")
+LAYER_LOOPS = ("scan", "switch", "unrolled")  # jax_backend.model.LAYER_LOOPS (this module imports no jax)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -37,10 +38,13 @@ class ServerArgs:
     # Hot-token map (SGLang's FR-Spec flag): the drafter's argmax runs over these token ids only.
     speculative_token_map: str | None = None
     random_seed: int = 0
-    # The target's decoder layers as straight-line code instead of one lax.scan: no per-layer
-    # weight slices or loop carries (the bare jitted step on an H100: 3.83 -> 2.63 ms; through the
-    # Engine at batch 1 no measured gain yet, docs/performance.md section 15), but each program
-    # shape compiles several times longer. Opt-in (jax_backend/runner.py).
+    # How the target runs its decoder layers (jax_backend/model.py `forward`): "scan" (one lax.scan
+    # over the stacked weights; compile time flat in depth), "switch" (a scan into one branch per
+    # layer: no per-step copies of the weights; faster with many sequences on a CPU, slower with
+    # few, docs/performance.md section 19) or "unrolled" (straight-line code: the bare jitted step
+    # on an H100 3.83 -> 2.63 ms, section 15; slower on a CPU). The last two compile several times
+    # longer. `unroll_layers=True` (--unroll-layers) is the older spelling of "unrolled".
+    layer_loop: str = "scan"
     unroll_layers: bool = False
     # JAX's persistent compilation cache (sgl_dflash/compilation_cache.py): None = the default
     # directory ($SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/...), "none" = off.
@@ -104,6 +108,11 @@ class ServerArgs:
             raise ServerArgsError(f"--tokenizer-path {self.tokenizer_path!r} is not a directory")
         if self.dtype not in DTYPES:
             raise ServerArgsError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.unroll_layers and self.layer_loop not in ("scan", "unrolled"):
+            raise ServerArgsError(f"--unroll-layers contradicts --layer-loop {self.layer_loop}")
+        self.layer_loop = "unrolled" if self.unroll_layers else self.layer_loop
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ServerArgsError(f"--layer-loop must be one of {LAYER_LOOPS}, got {self.layer_loop!r}")
         if self.log_level not in LOG_LEVELS:
             raise ServerArgsError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         _require_int(self.page_size, "--page-size", minimum=1)
@@ -222,9 +231,11 @@ class ServerArgs:
             help="JSON list of token ids the drafter may propose (its lm_head shrinks to them); default: "
                  "the map the drafter's config.json names, if any; 'none': the whole vocabulary")
         add("--random-seed", type=int, default=d["random_seed"].default)
-        add("--unroll-layers", action="store_true",
-            help="run the target's decoder layers unrolled instead of as one scan: no per-layer weight "
-                 "slices (a shorter bare step on an H100), several times longer compiles (docs/performance.md)")
+        add("--layer-loop", choices=LAYER_LOOPS, default=d["layer_loop"].default,
+            help="how the target runs its decoder layers: scan (default), switch (no per-step weight copies: "
+                 "faster with many concurrent requests on a CPU) or unrolled (for accelerators); the last two "
+                 "compile several times longer (docs/performance.md)")
+        add("--unroll-layers", action="store_true", help="the same as --layer-loop unrolled")
         add("--disable-precompile", action="store_true", default=_precompile_disabled_by_env(),
             help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "
                  "startup (a shorter startup, stalls while serving)")

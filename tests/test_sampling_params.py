@@ -4,10 +4,13 @@ import argparse
 
 import pytest
 
+import jax_backend.model
+from jax_backend import TargetRunner
+from jax_backend.model import LayerBranches
 from sgl_dflash.errors import InvalidRequestError, SamplingParamsError
 from sgl_dflash.sampling_params import SamplingParams
 from sgl_dflash.errors import ServerArgsError
-from sgl_dflash.server_args import ServerArgs
+from sgl_dflash.server_args import LAYER_LOOPS, ServerArgs
 
 
 def test_defaults_match_sglang():
@@ -75,16 +78,32 @@ def test_cli_flags_use_sglang_spelling(tiny_qwen3_dir):
     assert alias.speculative_num_draft_tokens == 4
 
 
-def test_unroll_layers_flag_reaches_the_target_runner(tiny_qwen3_dir):
+@pytest.mark.parametrize("flags, loop, layout", [
+    ([], "scan", dict),
+    (["--layer-loop", "switch"], "switch", LayerBranches),
+    (["--layer-loop", "unrolled"], "unrolled", list),
+    (["--unroll-layers"], "unrolled", list),  # the older spelling
+])
+def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, layout):
     from sgl_dflash.model_executor.target_worker import TargetWorker
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     argv = ["--model-path", tiny_qwen3_dir, "--max-total-tokens", "256", "--skip-tokenizer-init"]
-    assert not ServerArgs.from_cli_args(parser.parse_args(argv)).unroll_layers
-    sa = ServerArgs.from_cli_args(parser.parse_args(argv + ["--unroll-layers"])).check()
+    sa = ServerArgs.from_cli_args(parser.parse_args(argv + flags)).check()
+    assert sa.layer_loop == loop
     runner = TargetWorker(sa).runner
-    assert runner.unroll_layers and isinstance(runner._step_params["layers"], (list, tuple))
+    assert runner.layer_loop == loop and type(runner._step_params["layers"]) is layout
+
+
+def test_layer_loop_refuses_unknown_and_contradicting_values(tiny_qwen3_dir):
+    assert LAYER_LOOPS == jax_backend.model.LAYER_LOOPS
+    with pytest.raises(ServerArgsError, match="--layer-loop must be one of"):
+        ServerArgs(model_path=tiny_qwen3_dir, layer_loop="while").check()
+    with pytest.raises(ServerArgsError, match="--unroll-layers contradicts --layer-loop switch"):
+        ServerArgs(model_path=tiny_qwen3_dir, layer_loop="switch", unroll_layers=True).check()
+    with pytest.raises(ValueError, match="layer_loop must be one of"):
+        TargetRunner(tiny_qwen3_dir, layer_loop="unroll")
 
 
 def test_server_args_refuse_bad_combinations(tiny_qwen3_dir, tmp_path):

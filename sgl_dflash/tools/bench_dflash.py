@@ -37,7 +37,7 @@ import jax
 from sgl_dflash import tools
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode
-from sgl_dflash.server_args import DTYPES
+from sgl_dflash.server_args import DTYPES, LAYER_LOOPS
 from sgl_dflash.tools import datasets
 from sgl_dflash.tools.bench_roofline import measure_machine, roofline, target_bytes
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="with --dataset: how many prompts (default: the largest batch size)")
     parser.add_argument("--adaptive-bound", type=int, default=0, metavar="B",
                         help="also an adaptive engine (--speculative-adaptive) with this upper bound, e.g. 16")
-    parser.add_argument("--unroll-layers", action="store_true", help="the target's layers unrolled (ServerArgs)")
+    parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="scan",
+                        help="how the target runs its decoder layers (ServerArgs.layer_loop)")
+    parser.add_argument("--unroll-layers", action="store_true", help="--layer-loop unrolled")
     parser.add_argument("--roofline", action="store_true",
                         help="measure bandwidth and matmul peak in the same run; each step vs its roofline")
     parser.add_argument("--out", default="bench_results/bench_dflash.json")
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--batch-sizes {max(args.batch_sizes)} needs at least that many prompts, have "
                      f"{len(questions)}: pass --dataset (e.g. mt-bench) and --num-prompts")
     # The engine's defaults unless asked otherwise: a user's configuration, not a tuned one.
-    common = dict(model_path=args.model_path, random_seed=0, unroll_layers=args.unroll_layers)
+    common = dict(model_path=args.model_path, random_seed=0,
+                  layer_loop="unrolled" if args.unroll_layers else args.layer_loop)
     if args.context_length is not None:
         common["context_length"] = args.context_length
     if args.max_running_requests is not None:
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model_path": args.model_path, "draft_path": args.draft_path, "max_new_tokens": args.max_new_tokens,
         "context_length": server_args.context_length, "max_running_requests": server_args.max_running_requests,
         "max_total_tokens": server_args.max_total_tokens, "dtype": server_args.resolved_dtype,
-        "unroll_layers": server_args.unroll_layers, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "layer_loop": server_args.layer_loop, "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "backend": jax.default_backend(),
         "num_prompts": len(prompts), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                  "load_avg": os.getloadavg()},

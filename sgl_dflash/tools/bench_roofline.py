@@ -209,10 +209,10 @@ def _median_ms(times: list[float]) -> float:
 
 
 def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, out_dir: Path, progress=None,
-        hf_static: bool | None = None, unroll_layers: bool = False, fuse_projections: bool = False,
+        hf_static: bool | None = None, layer_loop: str = "scan", fuse_projections: bool = False,
         cases: list[tuple[int, int]] | None = None) -> dict:
     """`hf_static`: also time transformers with a static cache (default: on GPU only).
-    `unroll_layers` / `fuse_projections`: the TargetRunner layouts to time as "ours".
+    `layer_loop` / `fuse_projections`: the TargetRunner layouts to time as "ours".
     `cases`: (B, K) pairs, default `CASES`."""
     cases = CASES if cases is None else cases
     on_gpu = jax.default_backend() != "cpu"
@@ -221,7 +221,7 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
     num_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
     runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
                           max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers),
-                          unroll_layers=unroll_layers, fuse_projections=fuse_projections)
+                          layer_loop=layer_loop, fuse_projections=fuse_projections)
     config = runner.config
     params_bytes = target_bytes(runner)
     rng = np.random.default_rng(0)
@@ -275,7 +275,7 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         "params_bytes": params_bytes, "machine": {**machine, "platform": platform.platform(),
                                                   "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
                                                   "xla_flags": os.environ.get("XLA_FLAGS", "")},
-        "runner": {"unroll_layers": runner.unroll_layers, "fuse_projections": runner.fuse_projections,
+        "runner": {"layer_loop": runner.layer_loop, "fuse_projections": runner.fuse_projections,
                    "compilations": runner.num_compilations()},
         "rows": rows,
     }

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from jax_backend import SeqInput, TargetRunner
+from jax_backend.model import LAYER_LOOPS
 
 SMOLLM2_135M = dict(
     vocab_size=49152,
@@ -168,7 +169,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--hf-max-batch", type=int, default=None,
                         help="--roofline: largest batch timed with transformers (default 4 on CPU, all on GPU)")
     parser.add_argument("--out-dir", default="bench_results", help="--roofline: where roofline.json/png go")
-    parser.add_argument("--unroll-layers", action="store_true", help="--roofline: ours with unrolled layers")
+    parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="scan",
+                        help="--roofline: how ours runs the decoder layers (jax_backend/model.py)")
+    parser.add_argument("--unroll-layers", action="store_true", help="--roofline: --layer-loop unrolled")
     parser.add_argument("--cases", nargs="+", default=None, metavar="BxK",
                         help="--roofline: steps to time, e.g. 1x1 32x1 1x8 (default: B=1/4/32 decode, K=4/8/16 at B=1/4)")
     parser.add_argument("--fuse-projections", action="store_true", help="--roofline: ours with fused qkv/gate_up")
@@ -257,7 +260,7 @@ def _roofline(args) -> dict:
         hf_max_batch = args.hf_max_batch if args.hf_max_batch is not None else (1 << 30 if on_gpu else 4)
         result = bench_roofline.run(
             model_dir, hf, context=args.context, repeats=args.repeats, hf_max_batch=hf_max_batch,
-            unroll_layers=args.unroll_layers, fuse_projections=args.fuse_projections,
+            layer_loop="unrolled" if args.unroll_layers else args.layer_loop, fuse_projections=args.fuse_projections,
             cases=None if args.cases is None else [tuple(int(v) for v in c.lower().split("x")) for c in args.cases],
             out_dir=Path(args.out_dir), progress=lambda row: print(f"  B={row['batch']} K={row['k']}: "
                                                                    f"ours {row['ours_ms']:.2f} ms", flush=True),

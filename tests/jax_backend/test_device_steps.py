@@ -181,12 +181,13 @@ def test_steady_state_compiles_nothing(runner, prompts):
     assert runner.num_compilations() == compiled
 
 
-@pytest.mark.parametrize("unroll, fuse", [(True, False), (False, True), (True, True)])
-def test_layer_layouts_equal_the_default(checkpoint, runner, unroll, fuse):
-    """Unrolled layers and fused q/k/v, gate/up weights: the same logits and features up to float
-    summation order (a mixed prefill + verify batch, prefixes past one attention chunk)."""
+@pytest.mark.parametrize("loop, fuse", [("unrolled", False), ("scan", True), ("unrolled", True), ("switch", False),
+                                        ("switch", True)])
+def test_layer_layouts_equal_the_default(checkpoint, runner, loop, fuse):
+    """Unrolled or switched layers and fused q/k/v, gate/up weights: the same logits and features
+    up to float summation order (a mixed prefill + verify batch, prefixes past one attention chunk)."""
     other = TargetRunner(checkpoint, page_size=8, max_total_tokens=1024, max_num_seqs=8, aux_layer_ids=AUX,
-                         unroll_layers=unroll, fuse_projections=fuse)
+                         layer_loop=loop, fuse_projections=fuse)
     prompt = np.random.default_rng(5).integers(0, runner.config.vocab_size, 300).tolist()
     results = []
     for r in (runner, other):

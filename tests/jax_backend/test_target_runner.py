@@ -251,21 +251,40 @@ def test_one_sequence_decodes_one_row_without_copying_the_pool(runner, hf):
     alloc.free("one")
 
 
-def test_unrolled_layers_equal_the_scan_without_copying_the_pool(checkpoint, runner):
+@pytest.mark.parametrize("loop", ["unrolled", "switch"])
+def test_other_layer_loops_equal_the_scan_without_copying_the_pool(checkpoint, runner, loop):
     """Unrolled, XLA hoisted every layer's page gather ahead of the in-place KV write and copied
-    the whole pool twice per step (14x slower on the real model); a data edge orders them."""
-    unrolled = TargetRunner(checkpoint, page_size=8, max_total_tokens=512, max_num_seqs=8, aux_layer_ids=AUX,
-                            unroll_layers=True)
+    the whole pool twice per step (14x slower on the real model); a data edge orders them. The
+    switch layout reads each layer's weights where they lie: its program slices no stacked weight."""
+    other = TargetRunner(checkpoint, page_size=8, max_total_tokens=512, max_num_seqs=8, aux_layer_ids=AUX,
+                         layer_loop=loop)
     prompt = _ids(60, 20)
     outs = []
-    for r in (runner, unrolled):
+    for r in (runner, other):
         table = r.allocator.allocate("u", len(prompt) + 1)
         first = r.forward([SeqInput(prompt, 0, table)])
         outs.append(r.forward([SeqInput([int(first.logits[0][0].argmax())], len(prompt), table, "all")]))
         r.allocator.free("u")
     np.testing.assert_allclose(outs[1].logits[0], outs[0].logits[0], atol=TOL, rtol=0)
     np.testing.assert_allclose(np.asarray(outs[1].aux_hidden[0]), np.asarray(outs[0].aux_hidden[0]), atol=TOL, rtol=0)
-    assert not _pool_copies(unrolled, SeqInput([1, 2], len(prompt), unrolled.allocator.allocate("u", 30)))
+    seq = SeqInput([1, 2], len(prompt), other.allocator.allocate("u", 30))
+    assert not _pool_copies(other, seq)  # (compiles the greedy sample step)
+    assert not _stacked_weight_slices(other, seq)
+    scan_seq = SeqInput([1, 2], len(prompt), runner.allocator.allocate("u", 30))
+    assert not _pool_copies(runner, scan_seq) and _stacked_weight_slices(runner, scan_seq)
+    runner.allocator.free("u")
+
+
+def _stacked_weight_slices(runner, seq) -> list[str]:
+    """Lines of the (compiled) greedy sample program, before XLA's passes, that slice a layer out of
+    a stacked [num_layers, ...] weight (the scan's per-step weight reads; XLA:CPU copies them)."""
+    batch, _ = runner._batch([seq])
+    greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
+    text = runner._sample_steps["greedy"].lower(runner._step_params, runner.kv_pool, batch, *greedy, None).as_text()
+    stacked = {f"tensor<{runner.config.num_hidden_layers}x{'x'.join(map(str, w.shape[1:]))}xf32>"
+               for w in runner.params["layers"].values()}
+    return [line.strip()[:160] for line in text.splitlines()
+            if "dynamic_slice" in line and any(f"({t}" in line or f"{t}," in line for t in stacked)]
 
 
 def _pool_copies(runner, seq) -> list[str]:

@@ -67,8 +67,9 @@ RUNNER_SCRIPT = """
     rng = np.random.default_rng(0)
     prompt_a, prompt_b = rng.integers(0, 256, 21).tolist(), rng.integers(0, 256, 6).tolist()
     out = {}
-    for tp in (1, 2):
-        runner = TargetRunner(sys.argv[1], page_size=8, max_total_tokens=256, max_num_seqs=4, aux_layer_ids=(0, 1), tp_size=tp)
+    for name, tp, loop in (("1", 1, "scan"), ("2", 2, "scan"), ("2-switch", 2, "switch")):
+        runner = TargetRunner(sys.argv[1], page_size=8, max_total_tokens=256, max_num_seqs=4, aux_layer_ids=(0, 1),
+                              tp_size=tp, layer_loop=loop)
         a, b = runner.allocator.allocate("a", 40), runner.allocator.allocate("b", 40)
         fwd = runner.forward([SeqInput(prompt_a, 0, a, "all"), SeqInput(prompt_b, 0, b)])
 
@@ -80,7 +81,7 @@ RUNNER_SCRIPT = """
         first = decode_and_verify(21, 6)
         before = len(compiles)
         second = decode_and_verify(26, 11)  # same shapes, later positions: nothing to compile
-        out[tp] = dict(logits=[l.tolist() for l in fwd.logits], first=first, second=second,
+        out[name] = dict(logits=[l.tolist() for l in fwd.logits], first=first, second=second,
                        new_compiles=len(compiles) - before, memory=runner.memory_per_device(),
                        pool_spec=list(runner.kv_pool.sharding.spec)[:4] if tp > 1 else None)
     print(json.dumps(out))
@@ -90,12 +91,14 @@ RUNNER_SCRIPT = """
 def test_runner_tp2_matches_tp1_and_halves_memory(tp_targets):
     out = run_on_virtual_devices(RUNNER_SCRIPT, 2, tp_targets["qwen3"][0])
     one, two = out["1"], out["2"]
-    for l1, l2 in zip(one["logits"], two["logits"]):  # row-parallel sums: float rounding only
-        np.testing.assert_allclose(l1, l2, rtol=0, atol=1e-4)
-    for run in ("first", "second"):
-        assert one[run][:3] == two[run][:3]  # sampled tokens, accepted counts, bonus tokens
-        np.testing.assert_allclose(one[run][3], two[run][3], atol=1e-4)  # drafter features
-    assert one["new_compiles"] == two["new_compiles"] == 0
+    for other in (two, out["2-switch"]):  # the switch layer loop's per-layer weights shard alike
+        for l1, l2 in zip(one["logits"], other["logits"]):  # row-parallel sums: float rounding only
+            np.testing.assert_allclose(l1, l2, rtol=0, atol=1e-4)
+        for run in ("first", "second"):
+            assert one[run][:3] == other[run][:3]  # sampled tokens, accepted counts, bonus tokens
+            np.testing.assert_allclose(one[run][3], other[run][3], atol=1e-4)  # drafter features
+        assert other["new_compiles"] == 0
+    assert one["new_compiles"] == 0
     assert two["pool_spec"] == [None, None, None, "tp"]  # the combined K/V head axis
     (kv,) = one["memory"]["kv"].values()
     (weights,) = one["memory"]["weights"].values()
