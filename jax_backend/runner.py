@@ -114,8 +114,8 @@ class TargetRunner:
         tp_size: int = 1,
     ):
         """`layer_loop` (`model.forward`): "scan" (default), "switch" (no per-step weight copies:
-        on 2 CPU cores 0.88-0.93x the scan's step with 8-64 sequences, 1.05-1.15x with 1-4, ~4x
-        the compile time; docs/performance.md section 19) or "unrolled" (for accelerators; on
+        on 2 CPU cores 0.87-0.96x the scan's decode step with 16-64 sequences, 1.0-1.1x with 1-8,
+        2-5x the compile time; docs/performance.md section 19) or "unrolled" (for accelerators; on
         CPU slower than the scan, section 17). The non-scan layouts hold a per-layer copy of
         the layer weights beside the stacked ones (`self.params` keeps the loaded layout).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
