@@ -187,23 +187,19 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     aux_slot[list(aux_layer_ids)] = np.arange(n_aux, dtype=np.int32)
     aux_slot = jnp.asarray(aux_slot)
 
-    if isinstance(layers, LayerBranches):  # branch i closes over layer i's own weights
-        branches = [lambda h, w=w, i=i: layer(h, w, i) for i, w in enumerate(layers.layers)]
-        run_layer = lambda h, index: jax.lax.switch(index, branches, h)  # noqa: E731
-        xs = jnp.arange(num_layers)
-    else:
-        run_layer = lambda h, xs: layer(h, xs[0], xs[1])  # noqa: E731
-        xs = (layers, jnp.arange(num_layers))
+    switched = isinstance(layers, LayerBranches)  # branch i closes over layer i's own weights
+    branches = [lambda h, w=w, i=i: layer(h, w, i) for i, w in enumerate(layers.layers)] if switched else []
 
     def scanned(carry, xs):
         h, aux = carry
-        h, kv = run_layer(h, xs)
+        w, index = xs
+        h, kv = jax.lax.switch(index, branches, h) if switched else layer(h, w, index)
         if n_aux:
-            index = xs if isinstance(layers, LayerBranches) else xs[1]
             aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
         return (h, aux), kv
 
     aux = jnp.zeros((n_aux + 1 if n_aux else 0, num_tokens, hidden), dtype)
+    xs = (None if switched else layers, jnp.arange(num_layers))
     (h, aux), new_kv = jax.lax.scan(scanned, (h, aux), xs)
     aux = aux[:n_aux].transpose(1, 0, 2).reshape(num_tokens, n_aux * hidden)
     return h, aux, new_kv
@@ -242,7 +238,9 @@ def layer_layout(params: dict, layer_loop: str) -> dict:
     """params laid out for `layer_loop` (one of `LAYER_LOOPS`; from the stacked layout)."""
     if layer_loop not in LAYER_LOOPS:
         raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
-    return {"scan": dict, "switch": switch_layers, "unrolled": unstack_layers}[layer_loop](params)
+    if layer_loop == "switch":
+        return switch_layers(params)
+    return unstack_layers(params) if layer_loop == "unrolled" else params
 
 
 def _per_layer(layers) -> list[dict]:

@@ -260,7 +260,8 @@ def _roofline(args) -> dict:
         hf_max_batch = args.hf_max_batch if args.hf_max_batch is not None else (1 << 30 if on_gpu else 4)
         result = bench_roofline.run(
             model_dir, hf, context=args.context, repeats=args.repeats, hf_max_batch=hf_max_batch,
-            layer_loop="unrolled" if args.unroll_layers else args.layer_loop, fuse_projections=args.fuse_projections,
+            layer_loop="unrolled" if args.unroll_layers else args.layer_loop,
+            fuse_projections=args.fuse_projections,
             cases=None if args.cases is None else [tuple(int(v) for v in c.lower().split("x")) for c in args.cases],
             out_dir=Path(args.out_dir), progress=lambda row: print(f"  B={row['batch']} K={row['k']}: "
                                                                    f"ours {row['ours_ms']:.2f} ms", flush=True),
