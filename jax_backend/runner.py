@@ -113,11 +113,10 @@ class TargetRunner:
         fuse_projections: bool = False,
         tp_size: int = 1,
     ):
-        """`layer_loop` (`model.forward`): "scan" (default), "switch" (no per-step weight copies:
-        on 2 CPU cores 0.87-0.96x the scan's decode step with 16-64 sequences, 1.0-1.1x with 1-8,
-        2-5x the compile time; docs/performance.md section 19) or "unrolled" (for accelerators; on
-        CPU slower than the scan, section 17). The non-scan layouts hold a per-layer copy of
-        the layer weights beside the stacked ones (`self.params` keeps the loaded layout).
+        """`layer_loop` (`model.forward`): "scan" (default), "switch" (no per-step weight copies: on
+        2 CPU cores 0.87-0.96x the scan's decode step at 16-64 sequences, 1.0-1.1x at 1-8, 2-5x the
+        compile time; docs/performance.md section 19) or "unrolled" (for accelerators, section 17);
+        both keep per-layer copies of the layer weights beside `self.params` (the loaded stack).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
@@ -333,8 +332,9 @@ class TargetRunner:
         return jax.jit(body, donate_argnums=1)
 
     def memory_per_device(self) -> dict[str, dict[str, int]]:
-        """{"weights" | "kv": {device: bytes}}: what each device holds of the target."""
-        return {"weights": sharding.bytes_per_device(self.params), "kv": sharding.bytes_per_device(self.kv_pool)}
+        """{"weights" | "kv": {device: bytes}}: what each device holds of the target (all weights)."""
+        weights = sharding.bytes_per_device((self.params, self._step_params))
+        return {"weights": weights, "kv": sharding.bytes_per_device(self.kv_pool)}
 
     def _aux_rows(self, aux: jax.Array, layout) -> AuxRows:
         """The drafter features per sequence, on the host: the padded batch's rows are normed in

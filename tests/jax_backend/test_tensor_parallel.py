@@ -105,6 +105,9 @@ def test_runner_tp2_matches_tp1_and_halves_memory(tp_targets):
     assert sorted(two["memory"]["kv"].values()) == [kv // 2, kv // 2]
     for per_device in two["memory"]["weights"].values():  # only the norms are replicated
         assert weights / 2 <= per_device < 0.51 * weights
+    switched = out["2-switch"]["memory"]["weights"]  # the stack and its per-layer copies, sharded alike
+    assert sorted(switched) == sorted(two["memory"]["weights"])
+    assert all(0.51 * weights < switched[d] < weights for d in switched)
 
 
 ENGINE_SCRIPT = """
