@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--max-anchors", type=int, default=512)
     g.add_argument("--tokens-per-batch", type=int, default=16384)
     g.add_argument("--max-seq-len", type=int, default=1024,
-                   help="prompt + response tokens kept per row (a multi-turn follow-up may be up to 768 + 512)")
+                   help="prompt + response tokens kept per row (a multi-turn follow-up may be up to 1,024 + 512)")
     g.add_argument("--epochs", type=float, default=4.0)
     g.add_argument("--time-budget-s", type=float, default=None, help="fit the schedule into this many seconds")
     g.add_argument("--max-steps-this-call", type=int, default=None, help="stop (state saved) after n steps")
