@@ -245,8 +245,6 @@ def layer_layout(params: dict, layer_loop: str) -> dict:
 
 def _per_layer(layers) -> list[dict]:
     """A list of per-layer weight dicts (copies of the stack's slices: made once, at load)."""
-    if isinstance(layers, LayerBranches):
-        return list(layers.layers)
     if isinstance(layers, list):
         return layers
     num_layers = next(iter(layers.values())).shape[0]

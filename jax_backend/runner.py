@@ -120,8 +120,6 @@ class TargetRunner:
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
-        if layer_loop not in model.LAYER_LOOPS:
-            raise ValueError(f"layer_loop must be one of {model.LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
         self.config, self.params = load_target(
             model_dir, dtype, None if self.mesh is None else sharding.param_sharding(self.mesh, self._tp_config)

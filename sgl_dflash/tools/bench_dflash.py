@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--batch-sizes {max(args.batch_sizes)} needs at least that many prompts, have "
                      f"{len(questions)}: pass --dataset (e.g. mt-bench) and --num-prompts")
     # The engine's defaults unless asked otherwise: a user's configuration, not a tuned one.
-    common = dict(model_path=args.model_path, random_seed=0,
-                  layer_loop="unrolled" if args.unroll_layers else args.layer_loop)
+    common = dict(model_path=args.model_path, random_seed=0, layer_loop=args.layer_loop,
+                  unroll_layers=args.unroll_layers)  # ServerArgs.check resolves the older spelling
     if args.context_length is not None:
         common["context_length"] = args.context_length
     if args.max_running_requests is not None:
