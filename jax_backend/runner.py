@@ -20,6 +20,13 @@ from jax_backend.loader import load_target
 from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
 
 
+# "auto" (the default): the scan, except that on a CPU decode steps of at least AUTO_SWITCH_SEQS
+# sequences run the switch, which copies no weights per step (docs/performance.md sections 19-20;
+# on accelerators the switch is unmeasured). The other values are `model.forward`'s layouts.
+LAYER_LOOPS = (*model.LAYER_LOOPS, "auto")
+AUTO_SWITCH_SEQS = 16
+
+
 class ContextLengthError(ValueError):
     """A sequence would run past the runner's max_model_len."""
 
@@ -109,14 +116,16 @@ class TargetRunner:
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         aux_layer_ids: Sequence[int] = (),
-        layer_loop: str = "scan",
+        layer_loop: str = "auto",
         fuse_projections: bool = False,
         tp_size: int = 1,
     ):
-        """`layer_loop` (`model.forward`): "scan" (default), "switch" (no per-step weight copies: on
-        2 CPU cores 0.87-0.96x the scan's decode step at 16-64 sequences, 1.0-1.1x at 1-8, 2-5x the
-        compile time; docs/performance.md section 19) or "unrolled" (for accelerators, section 17);
-        both keep per-layer copies of the layer weights beside `self.params` (the loaded stack).
+        """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan", and on a CPU
+        "switch" for decode steps of >= AUTO_SWITCH_SEQS sequences; section 20), "scan", "switch"
+        (no per-step weight copies: on 2 CPU cores 0.87-0.96x the scan's decode step at 16-64
+        sequences, 1.0-1.1x at 1-8, 2-5x the compile time; docs/performance.md section 19) or
+        "unrolled" (for accelerators, section 17); the switch and unrolled layouts are per-layer
+        copies of the layer weights, kept beside `self.params` (the loaded stack).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
@@ -146,23 +155,17 @@ class TargetRunner:
         self.pages_per_seq = -(-max_model_len // page_size)
         num_pages = -(-max_total_tokens // page_size) + 1  # + scratch page 0
         self.allocator = PageAllocator(num_pages, page_size)
-        self.kv_pool = self._zeros_pool(
-            (
-                config.num_hidden_layers,
-                num_pages,
-                page_size,
-                2 * config.num_key_value_heads,
-                config.head_dim,
-            ),
-            self.params["embed"].dtype,
-        )
-        self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # see Batch
+        shape = (config.num_hidden_layers, num_pages, page_size, 2 * config.num_key_value_heads, config.head_dim)
+        self.kv_pool = self._zeros_pool(shape, self.params["embed"].dtype)
+        self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # on a CPU (see Batch)
 
+        if layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
-        # The step's view of the weights; `self.params` keeps the loaded (stacked) layout.
-        self._step_params = model.layer_layout(self.params, layer_loop)
-        if fuse_projections:
-            self._step_params = model.fuse_projections(self._step_params)
+        # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
+        self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
+        wide_switch = layer_loop == "auto" and self._loop_to_longest  # on a CPU
+        self._wide_decode_params = self._layout("switch") if wide_switch else self._step_params
 
         def step(params, kv_pool, batch):
             return model.forward(params, config, kv_pool, batch, aux_layer_ids)
@@ -201,7 +204,7 @@ class TargetRunner:
         `fine_tokens` / `query_tiles` False: the padding and attention layout before either
         existed (`bench_prefill` compares them)."""
         batch, layout = self._batch(seqs, fine_tokens=fine_tokens, query_tiles=query_tiles)
-        logits, aux, self.kv_pool = self._step(self._step_params, self.kv_pool, batch)
+        logits, aux, self.kv_pool = self._step(self._params_for(batch), self.kv_pool, batch)
 
         logits = np.asarray(logits)
         per_seq_logits = [
@@ -230,12 +233,12 @@ class TargetRunner:
             raise BatchError("sample: wait=False leaves the tokens on the device: it needs device_features=True")
         batch, layout = self._batch(seqs)
         rows = batch.logits_indices.shape[0]
-        arrays = _per_row(rows, 1, temperature, top_p, top_k)
+        arrays = sampling.per_row_params(rows, 1, temperature, top_p, top_k)
         mode = sampling.sampling_mode(*arrays, self.config.vocab_size)
         if mode != "greedy" and key is None:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
-        tokens, aux, self.kv_pool = fn(self._step_params, self.kv_pool, batch, *arrays, key)
+        tokens, aux, self.kv_pool = fn(self._params_for(batch), self.kv_pool, batch, *arrays, key)
         tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens  # wait=False: unread, on the device
         if device_features:
             return SampleOutput(tokens, device_features=self.hidden_state_features(aux))
@@ -281,7 +284,7 @@ class TargetRunner:
             num_drafts[i] = lengths[i] - 1
         greedy = temperature is None
         if not greedy:
-            arrays = _per_row(num_seqs, block, temperature, top_p, top_k)
+            arrays = sampling.per_row_params(num_seqs, block, temperature, top_p, top_k)
             mode = sampling.sampling_mode(*arrays, self.config.vocab_size)
             greedy = mode == "greedy"
         if greedy:
@@ -290,7 +293,7 @@ class TargetRunner:
             raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
         accepted, bonus, features, self.kv_pool = fn(
-            self._step_params, self.kv_pool, batch, block_rows, token_rows, drafts, num_drafts,
+            self._params_for(batch), self.kv_pool, batch, block_rows, token_rows, drafts, num_drafts,
             *arrays, draft_probs, key,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
@@ -331,8 +334,17 @@ class TargetRunner:
 
     def memory_per_device(self) -> dict[str, dict[str, int]]:
         """{"weights" | "kv": {device: bytes}}: what each device holds of the target (all weights)."""
-        weights = sharding.bytes_per_device((self.params, self._step_params))
+        weights = sharding.bytes_per_device((self.params, self._step_params, self._wide_decode_params))
         return {"weights": weights, "kv": sharding.bytes_per_device(self.kv_pool)}
+
+    def _layout(self, loop: str) -> dict:
+        params = model.layer_layout(self.params, loop)
+        return model.fuse_projections(params) if self.fuse_projections else params
+
+    def _params_for(self, batch) -> dict:
+        """The weights' layout a step of `batch`'s shape runs ("auto" switches for wide decode steps)."""
+        wide_decode = batch.tokens.shape[0] == batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS
+        return self._wide_decode_params if wide_decode else self._step_params
 
     def _aux_rows(self, aux: jax.Array, layout) -> AuxRows:
         """The drafter features per sequence, on the host: the padded batch's rows are normed in
@@ -368,17 +380,6 @@ class TargetRunner:
     @property
     def _min_pages(self) -> int:
         return max(1, DEFAULT_CHUNK_TOKENS // self.page_size)
-
-
-def _per_row(rows: int, repeat: int, temperature, top_p, top_k) -> tuple[np.ndarray, ...]:
-    """Per-sequence sampling parameters repeated `repeat` times per sequence and padded (greedy,
-    no filter) to rows * repeat rows."""
-    out = (np.zeros(rows * repeat, np.float32), np.ones(rows * repeat, np.float32), np.zeros(rows * repeat, np.int32))
-    for array, values in zip(out, (temperature, top_p, top_k)):
-        values = np.repeat(np.asarray(values, array.dtype), repeat)
-        array[: len(values)] = values
-    out[2][:] = np.maximum(out[2], 0)
-    return out
 
 
 def _full_precision(body: Callable) -> Callable:

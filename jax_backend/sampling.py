@@ -203,3 +203,14 @@ def rejection_accept(
     residual = jnp.where(total > 0, residual / jnp.maximum(total, jnp.finfo(jnp.float32).tiny), p_at)
     bonus = jax.random.categorical(key_bonus, jnp.log(residual), axis=-1)
     return accepted.astype(jnp.int32), bonus.astype(jnp.int32)
+
+
+def per_row_params(rows: int, repeat: int, temperature, top_p, top_k) -> tuple[np.ndarray, ...]:
+    """Per-sequence sampling parameters repeated `repeat` times per sequence and padded (greedy,
+    no filter) to rows * repeat rows."""
+    out = (np.zeros(rows * repeat, np.float32), np.ones(rows * repeat, np.float32), np.zeros(rows * repeat, np.int32))
+    for array, values in zip(out, (temperature, top_p, top_k)):
+        values = np.repeat(np.asarray(values, array.dtype), repeat)
+        array[: len(values)] = values
+    out[2][:] = np.maximum(out[2], 0)
+    return out

@@ -13,7 +13,7 @@ from sgl_dflash.speculative.spec_algorithm import SpeculativeAlgorithm
 
 
 DTYPES = ("auto", "float32", "bfloat16")
-LAYER_LOOPS = ("scan", "switch", "unrolled")  # jax_backend.model.LAYER_LOOPS (this module imports no jax)
+LAYER_LOOPS = ("scan", "switch", "unrolled", "auto")  # jax_backend.runner.LAYER_LOOPS (this module imports no jax)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -38,13 +38,15 @@ class ServerArgs:
     # Hot-token map (SGLang's FR-Spec flag): the drafter's argmax runs over these token ids only.
     speculative_token_map: str | None = None
     random_seed: int = 0
-    # How the target runs its decoder layers (jax_backend/model.py `forward`): "scan" (one lax.scan
-    # over the stacked weights; compile time flat in depth), "switch" (a scan into one branch per
-    # layer: no per-step copies of the weights; faster with many sequences on a CPU, slower with
-    # few, docs/performance.md section 19) or "unrolled" (straight-line code: the bare jitted step
-    # on an H100 3.83 -> 2.63 ms, section 15; slower on a CPU). The last two compile several times
-    # longer. `unroll_layers=True` (--unroll-layers) is the older spelling of "unrolled".
-    layer_loop: str = "scan"
+    # How the target runs its decoder layers (jax_backend/model.py `forward`): "auto" (the scan,
+    # and on a CPU the switch for decode steps of >= 16 sequences; a second copy of the layer
+    # weights; docs/performance.md section 20), "scan" (one lax.scan over the stacked weights;
+    # compile time flat in depth), "switch" (a scan into one branch per layer: no per-step copies
+    # of the weights; faster with many sequences on a CPU, slower with few, section 19) or
+    # "unrolled" (straight-line code: the bare jitted step on an H100 3.83 -> 2.63 ms, section 15;
+    # slower on a CPU). The last two compile several times longer. `unroll_layers=True`
+    # (--unroll-layers) is the older spelling of "unrolled".
+    layer_loop: str = "auto"
     unroll_layers: bool = False
     # JAX's persistent compilation cache (sgl_dflash/compilation_cache.py): None = the default
     # directory ($SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/...), "none" = off.
@@ -108,7 +110,7 @@ class ServerArgs:
             raise ServerArgsError(f"--tokenizer-path {self.tokenizer_path!r} is not a directory")
         if self.dtype not in DTYPES:
             raise ServerArgsError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.unroll_layers and self.layer_loop not in ("scan", "unrolled"):
+        if self.unroll_layers and self.layer_loop not in ("auto", "unrolled"):
             raise ServerArgsError(f"--unroll-layers contradicts --layer-loop {self.layer_loop}")
         self.layer_loop = "unrolled" if self.unroll_layers else self.layer_loop
         if self.layer_loop not in LAYER_LOOPS:
@@ -232,9 +234,10 @@ class ServerArgs:
                  "the map the drafter's config.json names, if any; 'none': the whole vocabulary")
         add("--random-seed", type=int, default=d["random_seed"].default)
         add("--layer-loop", choices=LAYER_LOOPS, default=d["layer_loop"].default,
-            help="how the target runs its decoder layers: scan (default), switch (no per-step weight copies: "
-                 "faster with many concurrent requests on a CPU) or unrolled (for accelerators); the last two "
-                 "compile several times longer (docs/performance.md)")
+            help="how the target runs its decoder layers: auto (default: scan, and on a CPU switch for decode "
+                 "steps of >= 16 requests, which keeps a second copy of the layer weights), scan, switch (no "
+                 "per-step weight copies) or unrolled (for accelerators); switch and unrolled compile several "
+                 "times longer (docs/performance.md sections 19-20)")
         add("--unroll-layers", action="store_true", help="the same as --layer-loop unrolled")
         add("--disable-precompile", action="store_true", default=_precompile_disabled_by_env(),
             help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-import jax_backend.model
+import jax_backend.runner
 from jax_backend import TargetRunner
 from jax_backend.model import LayerBranches
 from sgl_dflash.errors import InvalidRequestError, SamplingParamsError
@@ -78,13 +78,14 @@ def test_cli_flags_use_sglang_spelling(tiny_qwen3_dir):
     assert alias.speculative_num_draft_tokens == 4
 
 
-@pytest.mark.parametrize("flags, loop, layout", [
-    ([], "scan", dict),
-    (["--layer-loop", "switch"], "switch", LayerBranches),
-    (["--layer-loop", "unrolled"], "unrolled", list),
-    (["--unroll-layers"], "unrolled", list),  # the older spelling
+@pytest.mark.parametrize("flags, loop, layout, wide_decode_layout", [
+    ([], "auto", dict, LayerBranches),  # on a CPU, wide decode steps run the switch
+    (["--layer-loop", "scan"], "scan", dict, dict),
+    (["--layer-loop", "switch"], "switch", LayerBranches, LayerBranches),
+    (["--layer-loop", "unrolled"], "unrolled", list, list),
+    (["--unroll-layers"], "unrolled", list, list),  # the older spelling
 ])
-def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, layout):
+def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, layout, wide_decode_layout):
     from sgl_dflash.model_executor.target_worker import TargetWorker
 
     parser = argparse.ArgumentParser()
@@ -94,14 +95,17 @@ def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, 
     assert sa.layer_loop == loop
     runner = TargetWorker(sa).runner
     assert runner.layer_loop == loop and type(runner._step_params["layers"]) is layout
+    assert type(runner._wide_decode_params["layers"]) is wide_decode_layout
 
 
 def test_layer_loop_refuses_unknown_and_contradicting_values(tiny_qwen3_dir):
-    assert LAYER_LOOPS == jax_backend.model.LAYER_LOOPS
+    assert LAYER_LOOPS == jax_backend.runner.LAYER_LOOPS
     with pytest.raises(ServerArgsError, match="--layer-loop must be one of"):
         ServerArgs(model_path=tiny_qwen3_dir, layer_loop="while").check()
     with pytest.raises(ServerArgsError, match="--unroll-layers contradicts --layer-loop switch"):
         ServerArgs(model_path=tiny_qwen3_dir, layer_loop="switch", unroll_layers=True).check()
+    with pytest.raises(ServerArgsError, match="--unroll-layers contradicts --layer-loop scan"):
+        ServerArgs(model_path=tiny_qwen3_dir, layer_loop="scan", unroll_layers=True).check()
     with pytest.raises(ValueError, match="layer_loop must be one of"):
         TargetRunner(tiny_qwen3_dir, layer_loop="unroll")
 

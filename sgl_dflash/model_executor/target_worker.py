@@ -52,7 +52,7 @@ class TargetWorker:
             max_model_len=server_args.context_length + tokens_per_step,
             aux_layer_ids=aux_layer_ids,
             tp_size=getattr(server_args, "tp_size", 1),
-            layer_loop=getattr(server_args, "layer_loop", "scan"),  # SGLang's ServerArgs have none
+            layer_loop=getattr(server_args, "layer_loop", "auto"),  # SGLang's ServerArgs have none
         )
         self.allocator = self.runner.allocator
         self.vocab_size = self.runner.config.vocab_size

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="with --dataset: how many prompts (default: the largest batch size)")
     parser.add_argument("--adaptive-bound", type=int, default=0, metavar="B",
                         help="also an adaptive engine (--speculative-adaptive) with this upper bound, e.g. 16")
-    parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="scan",
+    parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="auto",
                         help="how the target runs its decoder layers (ServerArgs.layer_loop)")
     parser.add_argument("--unroll-layers", action="store_true", help="--layer-loop unrolled")
     parser.add_argument("--roofline", action="store_true",

@@ -209,7 +209,7 @@ def _median_ms(times: list[float]) -> float:
 
 
 def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, out_dir: Path, progress=None,
-        hf_static: bool | None = None, layer_loop: str = "scan", fuse_projections: bool = False,
+        hf_static: bool | None = None, layer_loop: str = "auto", fuse_projections: bool = False,
         cases: list[tuple[int, int]] | None = None) -> dict:
     """`hf_static`: also time transformers with a static cache (default: on GPU only).
     `layer_loop` / `fuse_projections`: the TargetRunner layouts to time as "ours".

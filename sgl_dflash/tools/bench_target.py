@@ -32,7 +32,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from jax_backend import SeqInput, TargetRunner
-from jax_backend.model import LAYER_LOOPS
+from jax_backend.runner import LAYER_LOOPS
 
 SMOLLM2_135M = dict(
     vocab_size=49152,
@@ -169,7 +169,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--hf-max-batch", type=int, default=None,
                         help="--roofline: largest batch timed with transformers (default 4 on CPU, all on GPU)")
     parser.add_argument("--out-dir", default="bench_results", help="--roofline: where roofline.json/png go")
-    parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="scan",
+    parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="auto",
                         help="--roofline: how ours runs the decoder layers (jax_backend/model.py)")
     parser.add_argument("--unroll-layers", action="store_true", help="--roofline: --layer-loop unrolled")
     parser.add_argument("--cases", nargs="+", default=None, metavar="BxK",

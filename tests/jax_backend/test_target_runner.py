@@ -16,6 +16,8 @@ from jax_backend import (
     SeqInput,
     TargetRunner,
 )
+from jax_backend import sampling
+from jax_backend.runner import AUTO_SWITCH_SEQS
 from tests.jax_backend.allocator_utils import truncate
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
@@ -275,12 +277,41 @@ def test_other_layer_loops_equal_the_scan_without_copying_the_pool(checkpoint, r
     runner.allocator.free("u")
 
 
-def _stacked_weight_slices(runner, seq) -> list[str]:
+def test_auto_layer_loop_switches_only_wide_decode_steps(checkpoint):
+    """layer_loop="auto": a decode step of >= AUTO_SWITCH_SEQS sequences runs the switch layout (its
+    program slices no stacked weight), narrower or multi-token steps the scan; same numbers."""
+    n = AUTO_SWITCH_SEQS
+    runners = [TargetRunner(checkpoint, page_size=8, max_total_tokens=1024, max_num_seqs=n, aux_layer_ids=AUX,
+                            layer_loop=loop) for loop in ("scan", "auto")]
+    prompts = [_ids(70 + i, 3 + i % 5) for i in range(n)]
+    outs = []
+    for r in runners:
+        tables = [r.allocator.allocate(i, len(p) + 1) for i, p in enumerate(prompts)]
+        first = r.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+        decode = [SeqInput([int(f.argmax())], len(p), t) for f, p, t in zip(first.logits, prompts, tables)]
+        outs.append(r.forward(decode))
+    for got, want in zip(outs[1].logits, outs[0].logits):
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(outs[1].aux_hidden[3]), np.asarray(outs[0].aux_hidden[3]), atol=TOL, rtol=0)
+    scan, auto = runners
+    wide = [SeqInput([1], len(p), auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
+    two_tokens = [SeqInput([1, 2], len(p) - 1, auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
+    assert not _stacked_weight_slices(auto, wide)
+    assert _stacked_weight_slices(auto, wide[: n // 2]) and _stacked_weight_slices(auto, two_tokens)
+    assert _stacked_weight_slices(scan, wide)
+    layer_bytes = sum(w.nbytes for w in scan.params["layers"].values())
+    assert sum(auto.memory_per_device()["weights"].values()) == sum(scan.memory_per_device()["weights"].values()) + layer_bytes
+
+
+def _stacked_weight_slices(runner, seqs) -> list[str]:
     """Lines of the (compiled) greedy sample program, before XLA's passes, that slice a layer out of
     a stacked [num_layers, ...] weight (the scan's per-step weight reads; XLA:CPU copies them)."""
-    batch, _ = runner._batch([seq])
-    greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
-    text = runner._sample_steps["greedy"].lower(runner._step_params, runner.kv_pool, batch, *greedy, None).as_text()
+    seqs = seqs if isinstance(seqs, list) else [seqs]
+    runner.sample(seqs, [0.0] * len(seqs), [1.0] * len(seqs), [0] * len(seqs))  # builds the greedy sample step
+    batch, _ = runner._batch(seqs)
+    greedy = sampling.per_row_params(batch.kv_lens.shape[0], 1, [0.0], [1.0], [0])
+    fn = runner._sample_steps["greedy"]
+    text = fn.lower(runner._params_for(batch), runner.kv_pool, batch, *greedy, None).as_text()
     stacked = {f"tensor<{runner.config.num_hidden_layers}x{'x'.join(map(str, w.shape[1:]))}xf32>"
                for w in runner.params["layers"].values()}
     return [line.strip()[:160] for line in text.splitlines()
