@@ -204,7 +204,7 @@ class TargetRunner:
         `fine_tokens` / `query_tiles` False: the padding and attention layout before either
         existed (`bench_prefill` compares them)."""
         batch, layout = self._batch(seqs, fine_tokens=fine_tokens, query_tiles=query_tiles)
-        logits, aux, self.kv_pool = self._step(self._params_for(batch), self.kv_pool, batch)
+        logits, aux, self.kv_pool = self._step(self._step_params, self.kv_pool, batch)
 
         logits = np.asarray(logits)
         per_seq_logits = [
@@ -293,7 +293,7 @@ class TargetRunner:
             raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
         accepted, bonus, features, self.kv_pool = fn(
-            self._params_for(batch), self.kv_pool, batch, block_rows, token_rows, drafts, num_drafts,
+            self._step_params, self.kv_pool, batch, block_rows, token_rows, drafts, num_drafts,
             *arrays, draft_probs, key,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
@@ -342,8 +342,9 @@ class TargetRunner:
         return model.fuse_projections(params) if self.fuse_projections else params
 
     def _params_for(self, batch) -> dict:
-        """The weights' layout a step of `batch`'s shape runs ("auto" switches for wide decode steps)."""
-        wide_decode = batch.tokens.shape[0] == batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS
+        """The weights' layout a `sample` step of `batch`'s shape runs ("auto": the switch for wide
+        decode steps, one token per sequence; `forward` and `verify` run the scan)."""
+        wide_decode = batch.max_q_len == 1 and batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS
         return self._wide_decode_params if wide_decode else self._step_params
 
     def _aux_rows(self, aux: jax.Array, layout) -> AuxRows:

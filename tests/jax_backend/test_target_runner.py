@@ -278,8 +278,9 @@ def test_other_layer_loops_equal_the_scan_without_copying_the_pool(checkpoint, r
 
 
 def test_auto_layer_loop_switches_only_wide_decode_steps(checkpoint):
-    """layer_loop="auto": a decode step of >= AUTO_SWITCH_SEQS sequences runs the switch layout (its
-    program slices no stacked weight), narrower or multi-token steps the scan; same numbers."""
+    """layer_loop="auto": a decode step (`sample`, one token per sequence) of >= AUTO_SWITCH_SEQS
+    sequences runs the switch layout (its program slices no stacked weight), narrower or
+    multi-token steps the scan; the same tokens and features as the scan's."""
     n = AUTO_SWITCH_SEQS
     runners = [TargetRunner(checkpoint, page_size=8, max_total_tokens=1024, max_num_seqs=n, aux_layer_ids=AUX,
                             layer_loop=loop) for loop in ("scan", "auto")]
@@ -289,15 +290,17 @@ def test_auto_layer_loop_switches_only_wide_decode_steps(checkpoint):
         tables = [r.allocator.allocate(i, len(p) + 1) for i, p in enumerate(prompts)]
         first = r.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
         decode = [SeqInput([int(f.argmax())], len(p), t) for f, p, t in zip(first.logits, prompts, tables)]
-        outs.append(r.forward(decode))
-    for got, want in zip(outs[1].logits, outs[0].logits):
-        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
-    np.testing.assert_allclose(np.asarray(outs[1].aux_hidden[3]), np.asarray(outs[0].aux_hidden[3]), atol=TOL, rtol=0)
+        outs.append(r.sample(decode, [0.0] * n, [1.0] * n, [0] * n))
+    np.testing.assert_array_equal(outs[1].tokens, outs[0].tokens)
+    np.testing.assert_allclose(np.concatenate(outs[1].features), np.concatenate(outs[0].features), atol=TOL, rtol=0)
     scan, auto = runners
     wide = [SeqInput([1], len(p), auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
     two_tokens = [SeqInput([1, 2], len(p) - 1, auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
     assert not _stacked_weight_slices(auto, wide)
+    ragged = two_tokens[:4] + wide[4:12]  # as many rows as sequence slots (16), but a verify block
+    assert auto._batch(ragged)[0].tokens.shape[0] == auto._batch(ragged)[0].kv_lens.shape[0] == n
     assert _stacked_weight_slices(auto, wide[: n // 2]) and _stacked_weight_slices(auto, two_tokens)
+    assert _stacked_weight_slices(auto, ragged)
     assert _stacked_weight_slices(scan, wide)
     layer_bytes = sum(w.nbytes for w in scan.params["layers"].values())
     assert sum(auto.memory_per_device()["weights"].values()) == sum(scan.memory_per_device()["weights"].values()) + layer_bytes
