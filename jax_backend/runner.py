@@ -129,6 +129,8 @@ class TargetRunner:
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
+        if layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
         self.config, self.params = load_target(
             model_dir, dtype, None if self.mesh is None else sharding.param_sharding(self.mesh, self._tp_config)
@@ -159,8 +161,6 @@ class TargetRunner:
         self.kv_pool = self._zeros_pool(shape, self.params["embed"].dtype)
         self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # on a CPU (see Batch)
 
-        if layer_loop not in LAYER_LOOPS:
-            raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)

@@ -170,7 +170,7 @@ def main(argv=None) -> dict:
                         help="--roofline: largest batch timed with transformers (default 4 on CPU, all on GPU)")
     parser.add_argument("--out-dir", default="bench_results", help="--roofline: where roofline.json/png go")
     parser.add_argument("--layer-loop", choices=LAYER_LOOPS, default="auto",
-                        help="--roofline: how ours runs the decoder layers (jax_backend/model.py)")
+                        help="--roofline: how ours runs the decoder layers (jax_backend/runner.py LAYER_LOOPS)")
     parser.add_argument("--unroll-layers", action="store_true", help="--roofline: --layer-loop unrolled")
     parser.add_argument("--cases", nargs="+", default=None, metavar="BxK",
                         help="--roofline: steps to time, e.g. 1x1 32x1 1x8 (default: B=1/4/32 decode, K=4/8/16 at B=1/4)")
