@@ -104,6 +104,7 @@ class ClosedLoop:
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
         self.compiling_steps, self.compile_seconds, self.full_seconds, self.full_tokens = 0, 0.0, 0.0, 0
         self.full_compile_seconds = 0.0
+        self.prefill_steps: list[tuple[int, int, float]] = []  # (prompts, prompt tokens, warm seconds)
         # Warm seconds (compiles left out) of the prefill steps, and the decode tokens: all of
         # them, and those of the decode steps with c requests in flight with those steps' seconds.
         self.prefill_seconds, self.decode_tokens, self.full_decode_tokens, self.full_decode_seconds = 0.0, 0, 0, 0.0
@@ -125,6 +126,7 @@ class ClosedLoop:
             self.scheduler.add_request(req)
             self.running.append(req)
         full, before = len(self.running) == self.concurrency, sum(len(r.output_ids) for r in self.running)
+        fresh = [r for r in self.running if not r.output_ids]
         decode_steps = self.scheduler.stats["decode_steps"]
         self.scheduler.step()
         seconds = time.perf_counter() - start
@@ -135,6 +137,8 @@ class ClosedLoop:
         tokens = sum(len(r.output_ids) for r in self.running) - before
         if self.scheduler.stats["decode_steps"] == decode_steps:  # a prefill step
             self.prefill_seconds += seconds - compiling
+            joined = [r for r in fresh if r.output_ids]
+            self.prefill_steps.append((len(joined), sum(len(r.input_ids) for r in joined), seconds - compiling))
         else:
             self.decode_tokens += tokens
             if full:
@@ -161,6 +165,7 @@ class ClosedLoop:
                   "full_tokens_per_s": self.full_tokens / max(self.full_seconds, 1e-9),
                   "all_steps_tokens_per_s": tokens / self.seconds, "full_seconds": self.full_seconds,
                   "compiling_steps": self.compiling_steps, "compile_seconds": self.compile_seconds,
+                  "prefill_steps": self.prefill_steps,
                   "outputs": [list(r.output_ids) for r in reqs]}
         if reqs and reqs[0].spec_verify_ct:
             steps = sum(r.spec_verify_ct for r in reqs)

@@ -40,6 +40,10 @@ def test_serve_keeps_concurrency_and_returns_the_engines_outputs(none_engine, df
     assert 0 < result["full_seconds"] <= result["seconds"] and result["tokens_per_s"] > 0  # c in flight only
     assert 1.0 <= result["tokens_per_step"] <= 4.0 and result["mean_verify_len"] == pytest.approx(3.0)
     assert result["no_spec_fraction"] == 0.0 and 0.0 <= result["accept_rate"] <= 1.0
+    for r in both.values():  # every prompt joins in exactly one prefill step
+        assert sum(n for n, _, _ in r["prefill_steps"]) == len(prompts)
+        assert sum(t for _, t, _ in r["prefill_steps"]) == sum(map(len, prompts))
+        assert sum(s for _, _, s in r["prefill_steps"]) == pytest.approx(r["prefill_seconds"])
 
     plain = bc.serve({"NONE": none_engine}, prompts, concurrency=8, max_new_tokens=9)["NONE"]
     assert plain["outputs"] == expected and "tokens_per_step" not in plain

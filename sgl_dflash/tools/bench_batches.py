@@ -1,0 +1,233 @@
+"""Issue 14's check as a benchmark: batches of unseen prompts through `Engine.generate`, NONE vs
+--speculative-adaptive (and any fixed blocks), same run.
+
+    python -m sgl_dflash.tools.bench_batches
+    python -m sgl_dflash.tools.bench_batches --datasets gsm8k mt-bench mixed --batch-sizes 1 8 32 --repeats 2
+
+Fresh engines with the engine's defaults live side by side in one process: NONE, the adaptive
+engine (`speculative_num_draft_tokens=16`, `speculative_adaptive=True`) and, with --block-sizes,
+fixed DFLASH blocks. Each call hands every engine the same batch of prompts it has not served
+before (greedy, chat template, --max-new-tokens each) and times one `generate`, as a user's
+script would; the engines take turns going first. A call is timed whole: its prefill, its decode,
+and the compiles of shapes it meets first (on a CPU seconds per shape, once per shape in a
+server's life; the persistent compilation cache serves a later process). `tokens_per_s` counts
+them, as the issue's check does; `warm_tokens_per_s` leaves JAX's compile seconds out. The first
+repeat meets every shape first; later repeats show a warm server.
+
+Prompts are taken in order, per set, without reuse until a set runs out (mt-bench has 80: two
+repeats of 1 + 8 + 32 wrap around; the JSON counts the reused prompts). "mixed" alternates gsm8k,
+mt-bench, math500, mt-bench.
+
+Writes <out>/batches.json (per set, batch size and repeat: tokens, seconds, tokens/s, compile
+seconds, outputs equal to NONE's, adaptive's chosen verify lengths; the ratios to NONE and their
+median over repeats) and <out>/batches.png (adaptive / NONE per batch size, one panel per set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sgl_dflash import tools
+from sgl_dflash.tools import datasets
+from sgl_dflash.tools.bench_concurrency import SETS, CompileCounter, _machine
+
+MIXED = ("gsm8k", "mt-bench", "math500", "mt-bench")
+
+
+def unseen_prompts(name: str, count: int) -> tuple[list[str], int]:
+    """`count` prompts of set `name` in order ("mixed": alternating MIXED's sources), wrapping
+    around a set that runs out: (prompts, how many of them repeat an earlier one)."""
+    names = MIXED if name == "mixed" else (name,)
+    sources = {n: datasets.load_benchmark(n) for n in names}
+    taken = dict.fromkeys(names, 0)
+    prompts, reused, seen = [], 0, set()
+    for i in range(count):
+        source = names[i % len(names)]
+        rows = sources[source]
+        prompt = rows[taken[source] % len(rows)]["prompt"]
+        taken[source] += 1
+        reused += prompt in seen
+        seen.add(prompt)
+        prompts.append(prompt)
+    return prompts, reused
+
+
+def time_generate(engine, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """One timed `generate` of a batch: tokens, seconds, compile seconds, outputs, and (for a
+    speculative engine) the mean chosen verify length and the fraction of steps without drafts."""
+    CompileCounter.install()
+    compile_seconds, start = CompileCounter.seconds, time.perf_counter()
+    outputs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens})
+    seconds = time.perf_counter() - start
+    compiling = CompileCounter.seconds - compile_seconds
+    tokens = sum(len(o["output_ids"]) for o in outputs)
+    result = {"tokens": tokens, "seconds": seconds, "compile_seconds": compiling,
+              "tokens_per_s": tokens / seconds, "warm_tokens_per_s": tokens / max(seconds - compiling, 1e-9),
+              "outputs": [o["output_ids"] for o in outputs]}
+    infos = [o["meta_info"] for o in outputs if "spec_verify_ct" in o["meta_info"]]
+    if infos:
+        steps = sum(i["spec_verify_ct"] for i in infos)
+        result["mean_verify_len"] = sum(i["spec_num_proposed_drafts"] for i in infos) / max(1, steps)
+        result["no_spec_fraction"] = sum(i["spec_no_spec_fraction"] * i["spec_verify_ct"] for i in infos) / max(1, steps)
+        result["accept_length"] = sum(i["completion_tokens"] for i in infos) / max(1, steps)
+    return result
+
+
+def run_batches(engines: dict, prompts: list[list[int]], batch_sizes: list[int], repeats: int,
+                max_new_tokens: int, progress=None) -> list[dict]:
+    """Every engine generates each batch once (repeat by repeat, batch size by batch size, each
+    batch the next prompts of `prompts`); the engine going first rotates call by call. One row
+    per call: {"batch", "repeat", "results": {engine: time_generate(...) + "exact"}}."""
+    names, rows, cursor = list(engines), [], 0
+    plan = [(r, b) for r in range(repeats) for b in batch_sizes]
+    if sum(b for _, b in plan) > len(prompts):
+        raise ValueError(f"{sum(b for _, b in plan)} prompts needed ({repeats} x {batch_sizes}), {len(prompts)} given")
+    for call, (repeat, size) in enumerate(plan):
+        batch, cursor = prompts[cursor : cursor + size], cursor + size
+        first = call % len(names)
+        results = {name: time_generate(engines[name], batch, max_new_tokens) for name in names[first:] + names[:first]}
+        base = results["NONE"]["outputs"]
+        for r in results.values():
+            r["exact"] = sum(a == b for a, b in zip(r.pop("outputs"), base))
+        rows.append({"batch": size, "repeat": repeat, "num_prompts": size,
+                     "results": {name: results[name] for name in names}})
+        if progress is not None:
+            progress.update()
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per batch size and engine: tokens/s over NONE's (wall and warm) per repeat, and the median
+    over repeats."""
+    out = {}
+    for size in dict.fromkeys(r["batch"] for r in rows):
+        calls = [r["results"] for r in rows if r["batch"] == size]
+        for name in calls[0]:
+            for metric in ("tokens_per_s", "warm_tokens_per_s"):
+                ratios = [c[name][metric] / c["NONE"][metric] for c in calls]
+                out[f"{size}/{name}/NONE/{metric}"] = {"per_repeat": ratios, "median": statistics.median(ratios)}
+    return out
+
+
+def format_rows(set_name: str, rows: list[dict]) -> list[str]:
+    lines = []
+    for row in rows:
+        r, none = row["results"], row["results"]["NONE"]
+        cells = " ".join(f"{name} {v['tokens_per_s']:.1f} ({v['warm_tokens_per_s']:.1f})" for name, v in r.items())
+        ratios = " ".join(f"{name}/NONE {v['tokens_per_s'] / none['tokens_per_s']:.2f}"
+                          f" ({v['warm_tokens_per_s'] / none['warm_tokens_per_s']:.2f})"
+                          for name, v in r.items() if name != "NONE")
+        extra = ""
+        if "adaptive" in r and "mean_verify_len" in r["adaptive"]:
+            extra = f" | adaptive k {r['adaptive']['mean_verify_len']:.2f} no-spec {r['adaptive']['no_spec_fraction']:.2f}"
+        exact = min(v["exact"] for v in r.values())
+        lines.append(f"{set_name} batch {row['batch']} repeat {row['repeat']}: tok/s (warm) {cells} | {ratios}"
+                     f"{extra} | exact {exact}/{row['num_prompts']}")
+    return lines
+
+
+def plot(results: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = results["sets"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 3.6), squeeze=False)
+    for ax, (set_name, entry) in zip(axes[0], sets.items()):
+        sizes = list(dict.fromkeys(r["batch"] for r in entry["rows"]))
+        names = [n for n in entry["rows"][0]["results"] if n != "NONE"]
+        for name, metric in itertools.product(names, ("tokens_per_s", "warm_tokens_per_s")):
+            medians = [entry["summary"][f"{s}/{name}/NONE/{metric}"]["median"] for s in sizes]
+            style = dict(lw=2.5, color="black") if name == "adaptive" else dict(lw=1)
+            ax.plot(sizes, medians, marker="o", ls="-" if metric == "tokens_per_s" else ":",
+                    label=f"{name} ({'wall' if metric == 'tokens_per_s' else 'warm'})", **style)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(xscale="log", xticks=sizes, xticklabels=[str(s) for s in sizes], title=set_name,
+               xlabel="prompts per generate call", ylabel="tokens/s over NONE's (median of repeats)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def make_engines(args) -> dict:
+    from sgl_dflash.entrypoints.engine import Engine
+
+    common = dict(model_path=args.model_path, random_seed=0)
+    spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_model_path,
+                speculative_token_map=args.speculative_token_map)
+    engines = {"NONE": Engine(**common)}
+    for block in args.block_sizes:
+        engines[f"B={block}"] = Engine(**common, **spec, speculative_num_draft_tokens=block)
+    engines["adaptive"] = Engine(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound,
+                                 speculative_adaptive=True)
+    return engines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from sgl_dflash.tools import model_import
+    from sgl_dflash.tools.demo import DEFAULT_DRAFTER, use_compilation_cache
+    from sgl_dflash.tools.train.regenerate import chat_prompt_ids
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default=None, help="target HF dir (default: converted SmolLM2-135M)")
+    parser.add_argument("--draft-model-path", default=None, help=f"drafter (default: {DEFAULT_DRAFTER})")
+    parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
+    parser.add_argument("--datasets", nargs="+", default=["gsm8k", "mt-bench", "mixed"], choices=SETS)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=2, help="batches of each size per set (new prompts each)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--block-sizes", type=int, nargs="*", default=[], help="fixed DFLASH blocks beside")
+    parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")
+    parser.add_argument("--compilation-cache", type=Path, default=tools.CACHE_DIR / "jax_compilation_cache")
+    parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
+    args = parser.parse_args(argv)
+    if min(args.batch_sizes) < 1 or args.repeats < 1:
+        parser.error("--batch-sizes and --repeats must be >= 1")
+    args.model_path = args.model_path or str(model_import.ensure_default_model())
+    args.draft_model_path = args.draft_model_path or str(DEFAULT_DRAFTER)
+    use_compilation_cache(args.compilation_cache)
+
+    engines = make_engines(args)
+    tokenizer = engines["NONE"].tokenizer
+    count = args.repeats * sum(args.batch_sizes)
+    results = {"config": vars(args) | {"out": str(args.out)}, "machine": _machine(), "sets": {}}
+    progress = tqdm(total=len(args.datasets) * args.repeats * len(args.batch_sizes), desc="bench_batches", unit="call")
+    for set_name in args.datasets:
+        texts, reused = unseen_prompts(set_name, count)
+        prompts = [chat_prompt_ids(tokenizer, p) for p in texts]
+        rows = run_batches(engines, prompts, args.batch_sizes, args.repeats, args.max_new_tokens, progress)
+        results["sets"][set_name] = {"rows": rows, "summary": summarize(rows), "reused_prompts": reused}
+        for line in format_rows(set_name, rows):
+            progress.write(line)
+        save(results, args.out)  # a partial run keeps what it measured
+    progress.close()
+    results["machine"]["load_average_end"] = _machine()["load_average"]
+    path = save(results, args.out)
+    png = plot(results, args.out / "batches.png")
+    print("wrote", path, png)
+    inexact = [f"{s} batch {r['batch']} {name}" for s, e in results["sets"].items() for r in e["rows"]
+               for name, v in r["results"].items() if v["exact"] != r["num_prompts"]]
+    if inexact:  # greedy outputs must equal NONE's: a mismatch is a bug, not a benchmark result
+        raise SystemExit("outputs differ from NONE's: " + ", ".join(inexact))
+    return results
+
+
+def save(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "batches.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    main()
