@@ -7,16 +7,17 @@
 Fresh engines with the engine's defaults live side by side in one process: NONE, the adaptive
 engine (`speculative_num_draft_tokens=16`, `speculative_adaptive=True`) and, with --block-sizes,
 fixed DFLASH blocks. Each call hands every engine the same batch of prompts it has not served
-before (greedy, chat template, --max-new-tokens each) and times one `generate`, as a user's
-script would; the engines take turns going first. A call is timed whole: its prefill, its decode,
-and the compiles of shapes it meets first (on a CPU seconds per shape, once per shape in a
-server's life; the persistent compilation cache serves a later process). `tokens_per_s` counts
-them, as the issue's check does; `warm_tokens_per_s` leaves JAX's compile seconds out. The first
-repeat meets every shape first; later repeats show a warm server.
+before (greedy, chat template, --max-new-tokens each), queued at once and served to the end as
+`Engine.generate` serves it; the engines take scheduler steps in turn, so that a host whose speed
+drifts slows them alike, and each is timed over its own steps: its prefill, its decode, and the
+compiles of shapes it meets first (on a CPU seconds per shape, once per shape in a server's life;
+the persistent compilation cache serves a later process). `tokens_per_s` counts them, as the
+issue's check does; `warm_tokens_per_s` leaves JAX's compile seconds out. The first repeat meets
+every shape first; later repeats show a warm server.
 
 Prompts are taken in order, per set, without reuse until a set runs out (mt-bench has 80: two
-repeats of 1 + 8 + 32 wrap around; the JSON counts the reused prompts). "mixed" alternates gsm8k,
-mt-bench, math500, mt-bench.
+repeats of 1 + 8 + 32 wrap around; the JSON counts the reused prompts). "mixed" takes gsm8k,
+mt-bench, math500, mt-bench in turn (`bench_concurrency.take_prompts`).
 
 Writes <out>/batches.json (per set, batch size and repeat: tokens, seconds, tokens/s, compile
 seconds, outputs equal to NONE's, adaptive's chosen verify lengths; the ratios to NONE and their
@@ -29,62 +30,35 @@ import argparse
 import itertools
 import json
 import statistics
-import time
 from pathlib import Path
 
 from tqdm import tqdm
 
 from sgl_dflash import tools
-from sgl_dflash.tools import datasets
-from sgl_dflash.tools.bench_concurrency import SETS, CompileCounter, _machine
-
-MIXED = ("gsm8k", "mt-bench", "math500", "mt-bench")
+from sgl_dflash.tools.bench_concurrency import SETS, _machine, serve, take_prompts
 
 
-def unseen_prompts(name: str, count: int) -> tuple[list[str], int]:
-    """`count` prompts of set `name` in order ("mixed": alternating MIXED's sources), wrapping
-    around a set that runs out: (prompts, how many of them repeat an earlier one)."""
-    names = MIXED if name == "mixed" else (name,)
-    sources = {n: datasets.load_benchmark(n) for n in names}
-    taken = dict.fromkeys(names, 0)
-    prompts, reused, seen = [], 0, set()
-    for i in range(count):
-        source = names[i % len(names)]
-        rows = sources[source]
-        prompt = rows[taken[source] % len(rows)]["prompt"]
-        taken[source] += 1
-        reused += prompt in seen
-        seen.add(prompt)
-        prompts.append(prompt)
-    return prompts, reused
-
-
-def time_generate(engine, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """One timed `generate` of a batch: tokens, seconds, compile seconds, outputs, and (for a
+def batch_result(loop: dict) -> dict:
+    """One engine's share of `bench_concurrency.serve` over a whole batch: tokens, seconds of its
+    own steps, JAX compile seconds among them, tokens/s with and without them, outputs, and (for a
     speculative engine) the mean chosen verify length and the fraction of steps without drafts."""
-    CompileCounter.install()
-    compile_seconds, start = CompileCounter.seconds, time.perf_counter()
-    outputs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens})
-    seconds = time.perf_counter() - start
-    compiling = CompileCounter.seconds - compile_seconds
-    tokens = sum(len(o["output_ids"]) for o in outputs)
-    result = {"tokens": tokens, "seconds": seconds, "compile_seconds": compiling,
-              "tokens_per_s": tokens / seconds, "warm_tokens_per_s": tokens / max(seconds - compiling, 1e-9),
-              "outputs": [o["output_ids"] for o in outputs]}
-    infos = [o["meta_info"] for o in outputs if "spec_verify_ct" in o["meta_info"]]
-    if infos:
-        steps = sum(i["spec_verify_ct"] for i in infos)
-        result["mean_verify_len"] = sum(i["spec_num_proposed_drafts"] for i in infos) / max(1, steps)
-        result["no_spec_fraction"] = sum(i["spec_no_spec_fraction"] * i["spec_verify_ct"] for i in infos) / max(1, steps)
-        result["accept_length"] = sum(i["completion_tokens"] for i in infos) / max(1, steps)
+    keep = ("tokens", "seconds", "compile_seconds", "compiling_steps", "outputs", "prefill_seconds",
+            "tokens_per_step", "mean_verify_len", "no_spec_fraction", "accept_rate")
+    result = {k: loop[k] for k in keep if k in loop}
+    result["tokens_per_s"] = loop["tokens"] / loop["seconds"]
+    result["warm_tokens_per_s"] = loop["tokens"] / max(loop["seconds"] - loop["compile_seconds"], 1e-9)
     return result
 
 
 def run_batches(engines: dict, prompts: list[list[int]], batch_sizes: list[int], repeats: int,
                 max_new_tokens: int, progress=None) -> list[dict]:
-    """Every engine generates each batch once (repeat by repeat, batch size by batch size, each
-    batch the next prompts of `prompts`); the engine going first rotates call by call. One row
-    per call: {"batch", "repeat", "results": {engine: time_generate(...) + "exact"}}."""
+    """Each batch (repeat by repeat, batch size by batch size, each the next prompts of `prompts`)
+    is queued whole in every engine and served to the end, as `Engine.generate` serves it, with
+    the engines taking scheduler steps in turn (`bench_concurrency.serve`: a host whose speed
+    drifts within a minute slows both alike; timing whole calls one after the other read the
+    same engine's batch-32 decode step at 120-250 ms from one call to the next). The engine
+    stepping first rotates call by call. One row per call: {"batch", "repeat", "results":
+    {engine: batch_result(...) + "exact"}}."""
     names, rows, cursor = list(engines), [], 0
     plan = [(r, b) for r in range(repeats) for b in batch_sizes]
     if sum(b for _, b in plan) > len(prompts):
@@ -92,12 +66,13 @@ def run_batches(engines: dict, prompts: list[list[int]], batch_sizes: list[int],
     for call, (repeat, size) in enumerate(plan):
         batch, cursor = prompts[cursor : cursor + size], cursor + size
         first = call % len(names)
-        results = {name: time_generate(engines[name], batch, max_new_tokens) for name in names[first:] + names[:first]}
+        turn = {name: engines[name] for name in names[first:] + names[:first]}
+        served = serve(turn, batch, concurrency=size, max_new_tokens=max_new_tokens)
+        results = {name: batch_result(served[name]) for name in names}
         base = results["NONE"]["outputs"]
         for r in results.values():
             r["exact"] = sum(a == b for a, b in zip(r.pop("outputs"), base))
-        rows.append({"batch": size, "repeat": repeat, "num_prompts": size,
-                     "results": {name: results[name] for name in names}})
+        rows.append({"batch": size, "repeat": repeat, "num_prompts": size, "first": names[first], "results": results})
         if progress is not None:
             progress.update()
     return rows
@@ -203,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"config": vars(args) | {"out": str(args.out)}, "machine": _machine(), "sets": {}}
     progress = tqdm(total=len(args.datasets) * args.repeats * len(args.batch_sizes), desc="bench_batches", unit="call")
     for set_name in args.datasets:
-        texts, reused = unseen_prompts(set_name, count)
+        texts, reused = take_prompts(set_name, count)
         prompts = [chat_prompt_ids(tokenizer, p) for p in texts]
         rows = run_batches(engines, prompts, args.batch_sizes, args.repeats, args.max_new_tokens, progress)
         results["sets"][set_name] = {"rows": rows, "summary": summarize(rows), "reused_prompts": reused}

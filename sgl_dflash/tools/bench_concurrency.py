@@ -66,18 +66,32 @@ class CompileCounter:
             cls.seconds += duration
 
 
+MIXED = ("gsm8k", "mt-bench", "math500", "mt-bench")  # the "mixed" set's sources, in turn
+
+
+def take_prompts(name: str, count: int, start: int = 0) -> tuple[list[str], int]:
+    """`count` prompts of set `name` from row `start` of each source on ("mixed": MIXED's sources
+    in turn, each from its own next row), wrapping around a source that runs out (mt-bench has
+    80): (prompts, how many of them repeat an earlier one of the list)."""
+    names = MIXED if name == "mixed" else (name,)
+    sources = {n: datasets.load_benchmark(n) for n in names}
+    taken = dict.fromkeys(names, start)
+    prompts, reused, seen = [], 0, set()
+    for i in range(count):
+        source = names[i % len(names)]
+        rows = sources[source]
+        prompt = rows[taken[source] % len(rows)]["prompt"]
+        taken[source] += 1
+        reused += prompt in seen
+        seen.add(prompt)
+        prompts.append(prompt)
+    return prompts, reused
+
+
 def prompt_sets(names: list[str], count: int, offset: int = 0) -> dict[str, list[str]]:
-    """`count` prompts of each set from `offset` on; "mixed" alternates gsm8k, mt-bench, math500,
-    mt-bench from `count + offset` on (past the prompts the single sets use)."""
-    sets = {}
-    for name in names:
-        if name == "mixed":
-            sources = [datasets.load_benchmark(n) for n in ("gsm8k", "mt-bench", "math500", "mt-bench")]
-            rows = [sources[i % 4][count + offset + i // 4] for i in range(count)]
-        else:
-            rows = datasets.load_benchmark(name)[offset : offset + count]
-        sets[name] = [row["prompt"] for row in rows]
-    return sets
+    """`count` prompts of each set from `offset` on; "mixed" (`take_prompts`) from `count + offset`
+    on in each source (past the prompts the single sets use, where the source has them)."""
+    return {name: take_prompts(name, count, offset + (count if name == "mixed" else 0))[0] for name in names}
 
 
 class ClosedLoop:

@@ -1,6 +1,6 @@
 """sgl_dflash.tools.bench_batches (issue 14's check as a benchmark) on tiny engines: each call
-hands every engine the next unseen batch, engines take turns going first, outputs and counts are
-the engines' own, and the summary, table and plot follow the rows."""
+queues the next unseen batch whole in every engine, the engines step in turn, outputs and counts
+are the engines' own, and the summary, table and plot follow the rows."""
 
 from __future__ import annotations
 
@@ -21,23 +21,28 @@ def test_batches_are_new_prompts_in_turn_and_exact(none_engine, adaptive_engine,
                                                    tmp_path):
     prompts = [p + [i + 1] for i in range(3) for p in spec_prompts]  # distinct prompts, several per call
     engines = {"NONE": none_engine, "adaptive": adaptive_engine}
-    calls = []
+    queued, stepped = [], []
     for name, engine in engines.items():
-        generate = engine.generate
+        add, step = engine.scheduler.add_request, engine.scheduler.step
 
-        def watched(*args, _name=name, _generate=generate, **kwargs):
-            calls.append((_name, [list(p) for p in kwargs["input_ids"]]))
-            return _generate(*args, **kwargs)
+        def watched_add(req, _name=name, _add=add):
+            queued.append((_name, list(req.input_ids)))
+            return _add(req)
 
-        monkeypatch.setattr(engine, "generate", watched)
+        def watched_step(_name=name, _step=step):
+            stepped.append(_name)
+            return _step()
+
+        monkeypatch.setattr(engine.scheduler, "add_request", watched_add)
+        monkeypatch.setattr(engine.scheduler, "step", watched_step)
     rows = bb.run_batches(engines, prompts, batch_sizes=[1, 3], repeats=2, max_new_tokens=7)
     monkeypatch.undo()
 
-    assert [(r["batch"], r["repeat"]) for r in rows] == [(1, 0), (3, 0), (1, 1), (3, 1)]
-    assert [name for name, _ in calls] == ["NONE", "adaptive", "adaptive", "NONE"] * 2  # who goes first rotates
-    batches = [batch for name, batch in calls if name == "NONE"]
-    assert batches == [prompts[0:1], prompts[1:4], prompts[4:5], prompts[5:8]]  # each call new prompts
-    assert [batch for name, batch in calls if name == "adaptive"] == batches
+    assert [(r["batch"], r["repeat"], r["first"]) for r in rows] == [
+        (1, 0, "NONE"), (3, 0, "adaptive"), (1, 1, "NONE"), (3, 1, "adaptive")]  # who steps first rotates
+    for name in engines:  # each call queues the whole batch of new prompts
+        assert [ids for n, ids in queued if n == name] == prompts[:8]
+    assert stepped[:2] == ["NONE", "adaptive"] and "NONE" in stepped[-4:]  # the engines step in turn
     expected = [o["output_ids"] for o in none_engine.generate(
         input_ids=prompts[5:8], sampling_params={"temperature": 0.0, "max_new_tokens": 7})]
     last = rows[-1]["results"]
@@ -46,7 +51,7 @@ def test_batches_are_new_prompts_in_turn_and_exact(none_engine, adaptive_engine,
         assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
         assert 0 <= r["compile_seconds"] and r["warm_tokens_per_s"] >= r["tokens_per_s"]
     assert 0.0 <= last["adaptive"]["mean_verify_len"] <= 7 and 0.0 <= last["adaptive"]["no_spec_fraction"] <= 1.0
-    assert last["adaptive"]["accept_length"] >= 1.0 and "mean_verify_len" not in last["NONE"]
+    assert last["adaptive"]["tokens_per_step"] >= 1.0 and "mean_verify_len" not in last["NONE"]
 
     summary = bb.summarize(rows)
     ratio = summary["3/adaptive/NONE/tokens_per_s"]
@@ -59,13 +64,3 @@ def test_batches_are_new_prompts_in_turn_and_exact(none_engine, adaptive_engine,
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="8 prompts needed"):
         bb.run_batches(engines, prompts[:7], batch_sizes=[1, 3], repeats=2, max_new_tokens=7)
-
-
-def test_unseen_prompts_go_in_order_and_count_what_wraps_around():
-    prompts, reused = bb.unseen_prompts("mt-bench", 82)
-    rows = [r["prompt"] for r in bb.datasets.load_benchmark("mt-bench")]
-    assert prompts[:80] == rows and prompts[80:] == rows[:2] and reused == 2
-    mixed, reused = bb.unseen_prompts("mixed", 8)
-    gsm8k, math500 = (bb.datasets.load_benchmark(n) for n in ("gsm8k", "math500"))
-    assert mixed[0::4] == [r["prompt"] for r in gsm8k[:2]] and mixed[2::4] == [r["prompt"] for r in math500[:2]]
-    assert mixed[1::2] == rows[:4] and reused == 0

@@ -154,3 +154,17 @@ def test_steady_rate_prices_the_tail_at_c_in_flight(monkeypatch, rates, steady, 
     assert result["tokens"] == 36 and result["prefill_seconds"] == 4.0 and result["decode_tokens"] == 32
     assert result["steady_tokens_per_s"] == pytest.approx(steady)
     assert result["all_steps_tokens_per_s"] == pytest.approx(all_steps)
+
+
+def test_prompts_go_in_order_without_repeats_until_a_source_runs_out():
+    mt_bench = [r["prompt"] for r in bc.datasets.load_benchmark("mt-bench")]
+    prompts, reused = bc.take_prompts("mt-bench", 82)
+    assert prompts[:80] == mt_bench and prompts[80:] == mt_bench[:2] and reused == 2
+    gsm8k, math500 = ([r["prompt"] for r in bc.datasets.load_benchmark(n)] for n in ("gsm8k", "math500"))
+    mixed, reused = bc.take_prompts("mixed", 8, start=3)
+    assert mixed[0::4] == gsm8k[3:5] and mixed[2::4] == math500[3:5] and mixed[1::2] == mt_bench[3:7]
+    assert reused == 0
+    sets = bc.prompt_sets(["mt-bench", "mixed"], 64)
+    assert sets["mt-bench"] == mt_bench[:64]
+    assert len(set(sets["mixed"])) == 64  # each chat prompt once (before 2026-11-28 each came twice)
+    assert sets["mixed"][:4] == [gsm8k[64], mt_bench[64], math500[64], mt_bench[65]]
