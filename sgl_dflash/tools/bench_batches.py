@@ -1,5 +1,5 @@
-"""Issue 14's check as a benchmark: batches of unseen prompts through `Engine.generate`, NONE vs
---speculative-adaptive (and any fixed blocks), same run.
+"""Issue 14's check as a benchmark: batches of unseen prompts served as `Engine.generate` serves
+them, NONE vs --speculative-adaptive (and any fixed blocks), same run.
 
     python -m sgl_dflash.tools.bench_batches
     python -m sgl_dflash.tools.bench_batches --datasets gsm8k mt-bench mixed --batch-sizes 1 8 32 --repeats 2
@@ -35,7 +35,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sgl_dflash import tools
-from sgl_dflash.tools.bench_concurrency import SETS, _machine, serve, take_prompts
+from sgl_dflash.tools.bench_concurrency import SETS, _machine, make_engines, serve, take_prompts
 
 
 def batch_result(loop: dict) -> dict:
@@ -132,20 +132,6 @@ def plot(results: dict, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def make_engines(args) -> dict:
-    from sgl_dflash.entrypoints.engine import Engine
-
-    common = dict(model_path=args.model_path, random_seed=0)
-    spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_model_path,
-                speculative_token_map=args.speculative_token_map)
-    engines = {"NONE": Engine(**common)}
-    for block in args.block_sizes:
-        engines[f"B={block}"] = Engine(**common, **spec, speculative_num_draft_tokens=block)
-    engines["adaptive"] = Engine(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound,
-                                 speculative_adaptive=True)
-    return engines
 
 
 def main(argv: list[str] | None = None) -> dict:
