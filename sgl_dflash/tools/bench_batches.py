@@ -34,8 +34,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sgl_dflash import tools
-from sgl_dflash.tools.bench_concurrency import SETS, _machine, make_engines, serve, take_prompts
+from sgl_dflash.tools.bench_concurrency import (SETS, _machine, add_engine_args, make_engines, resolve_engine_args,
+                                                serve, take_prompts)
 
 
 def batch_result(loop: dict) -> dict:
@@ -135,28 +135,19 @@ def plot(results: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from sgl_dflash.tools import model_import
-    from sgl_dflash.tools.demo import DEFAULT_DRAFTER, use_compilation_cache
     from sgl_dflash.tools.train.regenerate import chat_prompt_ids
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-path", default=None, help="target HF dir (default: converted SmolLM2-135M)")
-    parser.add_argument("--draft-model-path", default=None, help=f"drafter (default: {DEFAULT_DRAFTER})")
-    parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
+    add_engine_args(parser)
     parser.add_argument("--datasets", nargs="+", default=["gsm8k", "mt-bench", "mixed"], choices=SETS)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=2, help="batches of each size per set (new prompts each)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-sizes", type=int, nargs="*", default=[], help="fixed DFLASH blocks beside")
-    parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")
-    parser.add_argument("--compilation-cache", type=Path, default=tools.CACHE_DIR / "jax_compilation_cache")
-    parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
     args = parser.parse_args(argv)
     if min(args.batch_sizes) < 1 or args.repeats < 1:
         parser.error("--batch-sizes and --repeats must be >= 1")
-    args.model_path = args.model_path or str(model_import.ensure_default_model())
-    args.draft_model_path = args.draft_model_path or str(DEFAULT_DRAFTER)
-    use_compilation_cache(args.compilation_cache)
+    resolve_engine_args(args)
 
     engines = make_engines(args)
     tokenizer = engines["NONE"].tokenizer

@@ -361,29 +361,42 @@ def plot(results: dict, path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from sgl_dflash.tools import model_import
-    from sgl_dflash.tools.demo import DEFAULT_DRAFTER, use_compilation_cache
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of the engines a bench builds (`make_engines`), its compilation cache and output."""
+    from sgl_dflash.tools.demo import DEFAULT_DRAFTER
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None, help="target HF dir (default: converted SmolLM2-135M)")
     parser.add_argument("--draft-model-path", default=None, help=f"drafter (default: {DEFAULT_DRAFTER})")
     parser.add_argument("--speculative-token-map", default=None, help=tools.TOKEN_MAP_HELP)
+    parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")
+    parser.add_argument("--compilation-cache", type=Path, default=tools.CACHE_DIR / "jax_compilation_cache")
+    parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
+
+
+def resolve_engine_args(args: argparse.Namespace) -> None:
+    """Default model and drafter paths (the target is converted on first use); the compilation
+    cache on."""
+    from sgl_dflash.tools import model_import
+    from sgl_dflash.tools.demo import DEFAULT_DRAFTER, use_compilation_cache
+
+    args.model_path = args.model_path or str(model_import.ensure_default_model())
+    args.draft_model_path = args.draft_model_path or str(DEFAULT_DRAFTER)
+    use_compilation_cache(args.compilation_cache)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(parser)
     parser.add_argument("--datasets", nargs="+", default=list(SETS), choices=SETS)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--num-prompts", type=int, default=4,
                         help="prompts per set and concurrency level c (at least 2c: every slot serves two)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[2, 4, 8], help="fixed DFLASH blocks")
-    parser.add_argument("--adaptive-bound", type=int, default=16, help="adaptive's --speculative-num-draft-tokens")
     parser.add_argument("--max-passes", type=int, default=4,
                         help="serve a row until a pass compiles nothing (the measured pass), at most this often")
-    parser.add_argument("--compilation-cache", type=Path, default=tools.CACHE_DIR / "jax_compilation_cache")
-    parser.add_argument("--out", type=Path, default=tools.REPO_ROOT / "bench_results")
     args = parser.parse_args(argv)
-    args.model_path = args.model_path or str(model_import.ensure_default_model())
-    args.draft_model_path = args.draft_model_path or str(DEFAULT_DRAFTER)
-    use_compilation_cache(args.compilation_cache)
+    resolve_engine_args(args)
     results = run(args)
     save(results, args.out)
     png = plot(results, args.out / "concurrency.png")
