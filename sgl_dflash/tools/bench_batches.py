@@ -34,8 +34,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sgl_dflash.tools.bench_concurrency import (SETS, _machine, add_engine_args, make_engines, resolve_engine_args,
-                                                serve, take_prompts)
+from sgl_dflash.tools.bench_concurrency import SETS, _machine, serve, take_prompts
+from sgl_dflash.tools.bench_engines import add_engine_args, make_engines, resolve_engine_args
 
 
 def batch_result(loop: dict) -> dict:
