@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 from pathlib import Path
 
 from tqdm import tqdm
 
-from sgl_dflash.tools.bench_concurrency import SETS, _machine, serve, take_prompts
+from sgl_dflash.tools.bench_concurrency import SETS, _machine, save, serve, take_prompts
 from sgl_dflash.tools.bench_engines import add_engine_args, make_engines, resolve_engine_args
 
 
@@ -161,10 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
         results["sets"][set_name] = {"rows": rows, "summary": summarize(rows), "reused_prompts": reused}
         for line in format_rows(set_name, rows):
             progress.write(line)
-        save(results, args.out)  # a partial run keeps what it measured
+        save(results, args.out, "batches.json")  # a partial run keeps what it measured
     progress.close()
     results["machine"]["load_average_end"] = _machine()["load_average"]
-    path = save(results, args.out)
+    path = save(results, args.out, "batches.json")
     png = plot(results, args.out / "batches.png")
     print("wrote", path, png)
     inexact = [f"{s} batch {r['batch']} {name}" for s, e in results["sets"].items() for r in e["rows"]
@@ -172,13 +171,6 @@ def main(argv: list[str] | None = None) -> dict:
     if inexact:  # greedy outputs must equal NONE's: a mismatch is a bug, not a benchmark result
         raise SystemExit("outputs differ from NONE's: " + ", ".join(inexact))
     return results
-
-
-def save(results: dict, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "batches.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return path
 
 
 if __name__ == "__main__":

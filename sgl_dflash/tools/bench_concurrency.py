@@ -270,9 +270,9 @@ def run(args) -> dict:
     return results
 
 
-def save(results: dict, out: Path) -> Path:
+def save(results: dict, out: Path, name: str = "concurrency.json") -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "concurrency.json"
+    path = out / name
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return path
 
