@@ -17,10 +17,7 @@ still yields one token). Three running models decide it (docs/adaptive.md):
   a step yields n + sum_i sum_{m<=k_i} g[i, m] tokens in expectation. The cost depends only on
   the step's shape (bucketed rows T, longest block Q), so for every reachable shape the best
   allocation is the largest gains that fit it (gains fall along a request's block, so the top
-  ones are prefixes); the shape with the most tokens per second wins (allocation.py). For the
-  last requests of an offline batch (nothing will join them) the objective is the batch's time to
-  its end instead: a token of the request furthest from its end is worth more than one of a
-  request ahead (`Makespan`).
+  ones are prefixes); the shape with the most tokens per second wins.
 
 Before drafting, `plan_drafts` runs the same choice on each request's recent acceptance (no
 confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: the drafter fills a
@@ -48,8 +45,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jax_backend.batch import bucket
-from sgl_dflash.speculative.allocation import Makespan, Throughput, best_lengths, cap_to_budget
-from sgl_dflash.speculative.cost_model import CostModel, step_shape
+from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, shape_of, step_shape
 
 GREEDY, SAMPLED = 0, 1
 
@@ -112,6 +108,42 @@ class RequestState:
     mean: np.ndarray  # [P] the same, averaged over its whole life (slowly)
     bias: float = 0.0  # logit offset learned from its own outcomes
     idle: int = 0  # steps since it was last drafted
+
+
+def best_lengths(
+    gains: np.ndarray, shape_cost: Callable[[tuple[int, int, int]], float]
+) -> tuple[np.ndarray, float]:
+    """The drafts k [n] to verify maximizing expected tokens / shape_cost(step_shape(k + 1)),
+    and that rate. gains [n, P]: g[i, m-1] = P(the first m drafts of request i are accepted), non-
+    increasing along m. The cost depends on the step's shape only, so each candidate's shape is
+    computed from its counts (`shape_of`) rather than from a lengths array: the plan runs this
+    for every draft block on every step, on the host, before the device works."""
+    n, num_positions = gains.shape
+    best_k, best_rate = np.zeros(n, np.int64), n / shape_cost(shape_of(n, n, 1))
+    if num_positions == 0 or n == 0:
+        return best_k, best_rate
+    rows, cols = np.nonzero(gains > 0)
+    order = np.lexsort((cols, -gains[rows, cols]))  # largest gain first; a block's prefix first
+    rows, cols, values = rows[order], cols[order], gains[rows[order], cols[order]]
+    cap = 2
+    while True:  # cap = longest block (bonus + drafts) allowed: the attention's Q bucket
+        keep = cols < cap - 1
+        r, v = rows[keep], np.cumsum(values[keep])
+        tokens = bucket(n, MIN_TOKEN_ROWS)
+        while True:  # every token-row bucket the allocation can reach
+            extra = min(tokens - n, len(r))
+            if extra > 0:
+                k = np.bincount(r[:extra], minlength=n)
+                rate = (n + v[extra - 1]) / shape_cost(shape_of(n, n + extra, int(k.max()) + 1))
+                if rate > best_rate:
+                    best_k, best_rate = k, rate
+            if extra >= len(r):
+                break
+            tokens *= 2
+        if cap - 1 >= num_positions:
+            break
+        cap *= 2
+    return best_k, best_rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,29 +221,18 @@ class AdaptivePolicy:
     def exploring(self) -> bool:
         return self.explore_every > 0 and self.steps % self.explore_every == 0
 
-    def objective(self, remaining: np.ndarray | None, closed: bool) -> Throughput | Makespan:
-        """What a step is chosen by: tokens per second, or for the last requests of an offline
-        batch (`closed`, with each request's remaining tokens) the batch's time to its end, a
-        request's share of a plain step priced by the slope of the cost model's line."""
-        if not closed or remaining is None or len(remaining) == 1:  # one request: the same choice
-            return Throughput()
-        return Makespan(remaining, self.step_cost(np.ones(len(remaining), np.int64)), self.cost.line()[1])
-
-    def plan_drafts(self, slots: Sequence[int], remaining: np.ndarray | None = None, closed: bool = False) -> DraftPlan:
+    def plan_drafts(self, slots: Sequence[int]) -> DraftPlan:
         """The requests to draft this step and the draft block, by each request's recent
         acceptance: for each draft block, the best allocation of its drafts with the drafter's
         cost added; none when no block beats the plain step by `min_gain`, except probes of
         long-idle requests (at the block closest to paying, unless even that loses more than
         `probe_slack`). The drafter's batch bucket is filled with the next most promising
-        requests (free). `remaining` [n]: tokens each request may still make (no drafts past
-        them); `closed`: no request will join these (`objective`)."""
+        requests (free)."""
         self.steps += 1
         n = len(slots)
         states = [self._state(s) for s in slots]
-        gains = cap_to_budget(np.cumprod(np.stack([s.estimate for s in states]), axis=1), remaining)
-        objective = self.objective(remaining, closed)
-        plain_cost = self.step_cost(np.ones(n, np.int64))
-        plain_rate = objective.score(gains, np.zeros(n, np.int64), 0.0, plain_cost)
+        gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1)
+        plain_rate = n / self.step_cost(np.ones(n, np.int64))
         best_rate, best_k, block = plain_rate * (1 + self.min_gain), np.zeros(n, np.int64), 0
         probe_block, probe_rate = self.blocks[0], 0.0  # the drafting block valued most, paying or not
         verify_costs: dict[tuple[int, int, int], float] = {}  # the blocks' allocations share shapes
@@ -223,7 +244,7 @@ class AdaptivePolicy:
 
         for b in self.blocks:
             draft_cost = self.draft_cost(n, b)
-            k, rate = best_lengths(gains[:, : b - 1], lambda shape: draft_cost + verify_cost(shape), objective)
+            k, rate = best_lengths(gains[:, : b - 1], lambda shape: draft_cost + verify_cost(shape))
             if k.any() and rate > best_rate:
                 best_rate, best_k, block = rate, k, b
             if k.any() and rate > probe_rate:
@@ -262,17 +283,14 @@ class AdaptivePolicy:
                 and (age is None or age >= self.refresh_every or self.cost.readings(shape) < self.cost.min_clock_readings))
 
     def choose(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray,
-               confidence: np.ndarray | None, draft_seconds: float, block: int | None = None,
-               remaining: np.ndarray | None = None, closed: bool = False) -> np.ndarray:
+               confidence: np.ndarray | None, draft_seconds: float, block: int | None = None) -> np.ndarray:
         """k [n]: drafts to verify per request (0 for undrafted ones; at most block - 1, the
         drafts drafted). confidence [n, P] (rows of undrafted requests and positions past the
-        block ignored; None: no confidences, the recent estimates stand in). `remaining`,
-        `closed`: as for `plan_drafts`."""
+        block ignored; None: no confidences, the recent estimates stand in)."""
         limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)[:, :limit]
-        gains = cap_to_budget(np.where(drafted[:, None], np.cumprod(alpha, axis=1), 0.0), remaining)
-        k, _ = best_lengths(gains, lambda shape: draft_seconds + self.shape_cost(shape),
-                            self.objective(remaining, closed))
+        gains = np.where(drafted[:, None], np.cumprod(alpha, axis=1), 0.0)
+        k, _ = best_lengths(gains, lambda shape: draft_seconds + self.shape_cost(shape))
         return k
 
     def alphas(self, slots: Sequence[int], modes: np.ndarray, confidence: np.ndarray | None) -> np.ndarray:

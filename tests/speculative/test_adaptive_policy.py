@@ -5,8 +5,7 @@ import statistics
 import numpy as np
 import pytest
 
-from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy, Calibrator
-from sgl_dflash.speculative.allocation import best_lengths
+from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy, Calibrator, best_lengths
 from sgl_dflash.speculative.cost_model import CostModel, step_shape
 
 
