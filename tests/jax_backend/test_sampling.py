@@ -217,3 +217,28 @@ def test_fast_paths_equal_the_sorted_transform():
     general_greedy = np.asarray(sampling._draw(logits, general, np.zeros(6, np.float32), jax.random.key(0)))
     np.testing.assert_array_equal(greedy, general_greedy)
     assert greedy[0] == 3
+
+
+def test_top_p_and_top_k_past_the_candidates_match_the_reference():
+    """A vocabulary larger than `NUM_CANDIDATES`: rows whose kept tokens lie within the candidates
+    (peaked, a small top-k) and, in another batch, rows that need the whole sorted vocabulary (a
+    flat nucleus, a top-k past the candidates) beside them: both equal the dflash reference."""
+    vocab = sampling.NUM_CANDIDATES * 3
+    rng = np.random.default_rng(6)
+    peaked = rng.standard_normal((4, vocab)).astype(np.float32) * 6
+    peaked[0, [7, 900]] = peaked[0].max() + 0.5  # a tie among the best: the lower id first
+    flat = rng.standard_normal((2, vocab)).astype(np.float32) * 0.1  # a nucleus of most of V
+    cases = [(peaked, [0.8, 1.0, 0.7, 0.0], [0.95, 0.9, 1.0, 0.9], [0, 50, 0, 0]),
+             (np.concatenate([peaked[:2], flat]), [0.8, 1.0, 1.0, 1.2], [0.95, 1.0, 0.9, 1.0], [0, 0, 0, 2000])]
+    for logits, temperature, top_p, top_k in cases:
+        ours = np.asarray(sampling.probs(logits, np.array(temperature, np.float32), np.array(top_p, np.float32),
+                                         np.array(top_k, np.int32)))
+        for row in range(len(logits)):
+            if temperature[row] == 0:
+                np.testing.assert_array_equal(ours[row], np.eye(vocab)[logits[row].argmax()])
+                continue
+            ref = _sampling_probs(torch.from_numpy(logits[row : row + 1]), temperature[row], top_p[row],
+                                  top_k[row]).numpy()[0]
+            np.testing.assert_allclose(ours[row], ref, atol=1e-6, rtol=0)
+    kept = np.count_nonzero(ours, axis=-1)
+    assert kept[2] > sampling.NUM_CANDIDATES and kept[3] == 2000  # these needed the whole sort
