@@ -23,7 +23,8 @@ def probs(
     >= V disables top-k; top_p >= 1 disables top-p.
 
     The per-row parameters are small host arrays: when no row uses top-k or top-p, the
-    vocabulary sort (the costly part on CPU: ~50 ms per row at V=49k) is skipped.
+    selection of each row's best tokens (`_filtered_probs`: ~1 ms per row at V=49k on a CPU, and
+    the whole sort, ~22 ms per row, where a row keeps more than its candidates) is skipped.
     """
     vocab = np.shape(logits)[-1]
     top_k, top_p = np.asarray(top_k), np.asarray(top_p)
