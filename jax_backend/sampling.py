@@ -80,9 +80,10 @@ def _filtered_probs(
     filtered = jnp.zeros_like(scores).at[jnp.arange(rows)[:, None], ids].set(cand)
     # A row is read whole from its candidates when what it keeps ends inside them: top-k within
     # them, or a nucleus whose mass is reached by them (the next token, mass before it >= top_p,
-    # would not be kept). A row without top-k/top-p keeps the plain softmax.
+    # would not be kept). A row without top-k/top-p keeps the plain softmax; a greedy row, its
+    # argmax.
     plain = (k >= vocab) & (top_p >= 1.0)
-    fits = plain | (k <= num) | ((top_p < 1.0) & (mass[:, -1:] >= top_p))
+    fits = (temperature <= 0) | plain | (k <= num) | ((top_p < 1.0) & (mass[:, -1:] >= top_p))
     greedy = jax.nn.one_hot(argmax(logits), vocab, dtype=jnp.float32)
     fast = jnp.where(plain, jnp.exp(scores - whole), filtered)
     fast = jnp.where(temperature > 0, fast, greedy)
