@@ -57,15 +57,9 @@ def _filtered_probs(
     (lax.top_k: descending, ties to the lower id, the sort's own order); only when some row
     keeps more than that (a top-k past it, or a nucleus the candidates do not reach) is the whole
     vocabulary sorted (`_sorted_probs`)."""
-    logits = logits.astype(jnp.float32)
-    rows, vocab = logits.shape
+    scores, temperature, top_p, k, greedy = filter_inputs(logits, temperature, top_p, top_k)
+    rows, vocab = scores.shape
     num = min(NUM_CANDIDATES, vocab)
-    temperature = jnp.asarray(temperature, jnp.float32)[:, None]
-    top_p = jnp.asarray(top_p, jnp.float32)[:, None]
-    top_k = jnp.asarray(top_k, jnp.int32)[:, None]
-    scores = logits / jnp.where(temperature > 0, temperature, 1.0)
-    k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)
-
     values, ids = jax.lax.top_k(scores, num)
     rank = jnp.arange(num)[None, :]
     # The softmax's normalizer: over the top k when top-k is on, else over the whole vocabulary.
@@ -84,11 +78,24 @@ def _filtered_probs(
     # argmax.
     plain = (k >= vocab) & (top_p >= 1.0)
     fits = (temperature <= 0) | plain | (k <= num) | ((top_p < 1.0) & (mass[:, -1:] >= top_p))
-    greedy = jax.nn.one_hot(argmax(logits), vocab, dtype=jnp.float32)
     fast = jnp.where(plain, jnp.exp(scores - whole), filtered)
     fast = jnp.where(temperature > 0, fast, greedy)
     return jax.lax.cond(jnp.all(fits), lambda: fast,
                         lambda: _sorted_probs(scores, temperature, top_p, k, greedy))
+
+
+def filter_inputs(logits: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array):
+    """What both top-k/top-p paths read: scores = logits / T [R, V], the parameters as [R, 1]
+    columns (top-k as the count kept, V when off) and the greedy rows' one-hot argmax."""
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    temperature = jnp.asarray(temperature, jnp.float32)[:, None]
+    top_p = jnp.asarray(top_p, jnp.float32)[:, None]
+    top_k = jnp.asarray(top_k, jnp.int32)[:, None]
+    scores = logits / jnp.where(temperature > 0, temperature, 1.0)
+    k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    greedy = jax.nn.one_hot(argmax(logits), vocab, dtype=jnp.float32)
+    return scores, temperature, top_p, k, greedy
 
 
 def _sorted_probs(scores: jax.Array, temperature: jax.Array, top_p: jax.Array, k: jax.Array,

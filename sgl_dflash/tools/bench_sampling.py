@@ -39,14 +39,7 @@ TEMPERATURE, TOP_P = 0.8, 0.95
 @jax.jit
 def _sorted(logits, temperature, top_p, top_k):
     """The whole-vocabulary transform, as `_filtered_probs` runs it when it falls back."""
-    logits = logits.astype(jnp.float32)
-    vocab = logits.shape[-1]
-    temperature, top_p = temperature[:, None], top_p[:, None]
-    top_k = top_k[:, None]
-    scores = logits / jnp.where(temperature > 0, temperature, 1.0)
-    k = jnp.where((top_k > 0) & (top_k < vocab), top_k, vocab)
-    greedy = jax.nn.one_hot(sampling.argmax(logits), vocab, dtype=jnp.float32)
-    return sampling._sorted_probs(scores, temperature, top_p, k, greedy)
+    return sampling._sorted_probs(*sampling.filter_inputs(logits, temperature, top_p, top_k))
 
 
 def _seconds(fn, *args) -> float:
