@@ -189,3 +189,40 @@ def test_steady_state_decode_compiles_nothing(engine, monkeypatch):
         jax.monitoring.unregister_event_duration_listener(on_duration)
         jax.monitoring.unregister_event_listener(on_event)
     assert len(in_decode) > 10 and sum(in_decode) == 0, in_decode
+
+
+def test_an_offline_batch_tells_the_worker_it_is_closed(none_engine, monkeypatch):
+    """`Engine.generate` with a list promises that nothing joins its requests: once none of them
+    waits, every decode step says so (`closed_batch`) with each request's remaining tokens; a
+    step while one still waits for a slot, a server's requests, and any request added after the
+    promise are not closed."""
+    scheduler, worker = none_engine.scheduler, none_engine.scheduler.worker
+    run, seen = worker.forward_batch_generation, []
+
+    def recording_run(batch):
+        if batch.forward_mode is ForwardMode.DECODE:
+            seen.append((batch.closed_batch, batch.remaining_tokens.tolist(), len(scheduler.waiting)))
+        return run(batch)
+
+    monkeypatch.setattr(worker, "forward_batch_generation", recording_run)
+    params = [{"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True} for n in (3, 5)]
+    none_engine.generate(input_ids=[[1, 2, 3], [4, 5]], sampling_params=params)
+    assert seen == [(True, [2, 4], 0), (True, [1, 3], 0), (True, [2], 0), (True, [1], 0)]
+    assert not scheduler.closed  # the promise ends with the call
+
+    # More prompts than slots: the steps run while one still waits are not the batch's last.
+    seen.clear()
+    slots = scheduler.server_args.max_running_requests
+    none_engine.generate(input_ids=[[i % 15 + 1, 2] for i in range(slots + 1)],
+                         sampling_params={"temperature": 0.0, "max_new_tokens": 2, "ignore_eos": True})
+    assert [closed for closed, _, waiting in seen] == [waiting == 0 for _, _, waiting in seen]
+    assert seen[0][2] == 1 and seen[-1][0]
+
+    # A server's requests (added directly) are never closed; a request added breaks a promise.
+    seen.clear()
+    run_to_completion(scheduler, [Req(f"open-{i}", [1, 2, 3], greedy(2)) for i in range(2)])
+    assert seen and not any(closed for closed, _, _ in seen)
+    scheduler.closed = True
+    scheduler.add_request(Req("late", [1, 2], greedy(2)))
+    assert not scheduler.closed
+    run_to_completion(scheduler, [])
