@@ -77,7 +77,6 @@ class Engine:
         except BaseException:
             self._abort_unfinished(reqs)
             raise
-        self.scheduler.closed = True  # nothing else joins this call's requests (see Scheduler.closed)
         return reqs
 
     def _drain(self, reqs: list[Req]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -95,7 +94,6 @@ class Engine:
                                                                           req.finished_reason)
                     yield i, req.to_output(text)
         finally:  # an error, or a caller that stopped iterating: nothing stays queued
-            self.scheduler.closed = False
             self._abort_unfinished(reqs)
 
     def _abort_unfinished(self, reqs: list[Req]) -> None:

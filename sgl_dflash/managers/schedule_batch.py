@@ -172,7 +172,6 @@ class ScheduleBatch:
 
     reqs: list[Req]
     forward_mode: ForwardMode
-    closed: bool = False  # DECODE: no request will join these before they finish (Scheduler.closed)
 
     def get_model_worker_batch(self, page_table: Callable[[int], list[int]]) -> ModelWorkerBatch:
         extend = self.forward_mode is ForwardMode.EXTEND
@@ -185,7 +184,4 @@ class ScheduleBatch:
             page_tables=[page_table(r.slot) for r in self.reqs],
             sample=[not r.output_ids for r in self.reqs] if extend else [True] * len(self.reqs),
             sampling_info=SamplingBatchInfo.from_params([r.sampling_params for r in self.reqs]),
-            remaining_tokens=None if extend else np.array(
-                [r.sampling_params.max_new_tokens - len(r.output_ids) for r in self.reqs], np.int64),
-            closed_batch=self.closed,
         )

@@ -63,18 +63,12 @@ class Scheduler:
         self._free_slots = list(range(server_args.max_running_requests))[::-1]
         self._lock = threading.RLock()
         self.stats = collections.Counter()
-        # Set by a caller that adds no request until the queued and running ones finish (the
-        # Engine with a list of prompts): once the queue is empty, a decode step's requests are
-        # the batch's last, and the worker may minimize the time until they all finish rather
-        # than maximize tokens per second. Any request added afterwards clears it.
-        self.closed = False
 
     # -- requests in and out --------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         """Queue a request; raises `InvalidRequestError` (a ValueError) for one we cannot run."""
         self.validate_request(req)
         with self._lock:
-            self.closed = False
             if any(r.rid == req.rid for r in self._all_requests()):
                 raise InvalidRequestError(f"request id {req.rid!r} is already in use")
             self.stats["num_requests"] += 1
@@ -139,7 +133,7 @@ class Scheduler:
             else:
                 batch = self._reserve_decode_pages()
                 if batch:
-                    self.run_batch(ScheduleBatch(batch, ForwardMode.DECODE, closed=self.closed and not self.waiting))
+                    self.run_batch(ScheduleBatch(batch, ForwardMode.DECODE))
                     self.stats["decode_steps"] += 1
             for req in batch:
                 if req.finished:

@@ -73,11 +73,6 @@ class ModelWorkerBatch:
     # EXTEND: False for a retracted request being recomputed (its last token stays pending).
     sample: list[bool]
     sampling_info: SamplingBatchInfo
-    # DECODE: tokens each request may still make (max_new_tokens less those made; None: unknown),
-    # and whether no request will join these before they finish (the last requests of an offline
-    # batch): a speculative worker may then minimize the time until the last one finishes.
-    remaining_tokens: np.ndarray | None = None
-    closed_batch: bool = False
 
 
 @dataclasses.dataclass

@@ -19,11 +19,6 @@ still yields one token). Three running models decide it (docs/adaptive.md):
   allocation is the largest gains that fit it (gains fall along a request's block, so the top
   ones are prefixes); the shape with the most tokens per second wins.
 
-The last requests of an offline batch (`closed`: nothing joins them, so a finished slot stays
-empty) end when the slowest does: a request that would finish before the batch's expected end
-even with plain steps from here gains the batch nothing from drafts, so it runs plain
-(`needs_drafts`) and the drafts go to the requests the batch waits for.
-
 Before drafting, `plan_drafts` runs the same choice on each request's recent acceptance (no
 confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: the drafter fills a
 block in one forward, and a shorter block is a cheaper forward), with that block's measured draft
@@ -113,17 +108,6 @@ class RequestState:
     mean: np.ndarray  # [P] the same, averaged over its whole life (slowly)
     bias: float = 0.0  # logit offset learned from its own outcomes
     idle: int = 0  # steps since it was last drafted
-    rate: float = 1.0  # its recent tokens per step (drafted or not)
-
-
-def needs_drafts(remaining: np.ndarray, rates: np.ndarray) -> np.ndarray:
-    """bool [n]: the requests of a closed batch that drafts can bring the batch's end closer for.
-    At their recent rates the batch ends in max_j remaining_j / rate_j steps; request i finishes
-    by then with plain steps (one token each) when remaining_i is below that, and its drafts then
-    only move it further ahead while the batch waits for the rest (measured: docs/adaptive.md,
-    2026-11-28 night). The slowest request always needs them (its rate is at least 1)."""
-    remaining = np.asarray(remaining, np.float64)
-    return remaining >= (remaining / np.maximum(rates, 1.0)).max()
 
 
 def best_lengths(
@@ -183,8 +167,7 @@ class AdaptivePolicy:
                  estimate_decay: float = 0.5, mean_decay: float = 0.1, idle_relax: float = 0.25,
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
-                 refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
-                 rate_decay: float = 0.2):
+                 refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
@@ -215,9 +198,6 @@ class AdaptivePolicy:
         # step's rate: where even a fair estimate would not pay (a large batch on a slow host),
         # probing only wastes steps.
         self.probe_slack = probe_slack
-        # A request's recent tokens per step (`RequestState.rate`, for `needs_drafts`): an EMA over
-        # about 1 / rate_decay steps.
-        self.rate_decay = rate_decay
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         self.requests: dict[int, RequestState] = {}
@@ -241,19 +221,17 @@ class AdaptivePolicy:
     def exploring(self) -> bool:
         return self.explore_every > 0 and self.steps % self.explore_every == 0
 
-    def plan_drafts(self, slots: Sequence[int], remaining: np.ndarray | None = None, closed: bool = False) -> DraftPlan:
+    def plan_drafts(self, slots: Sequence[int]) -> DraftPlan:
         """The requests to draft this step and the draft block, by each request's recent
         acceptance: for each draft block, the best allocation of its drafts with the drafter's
         cost added; none when no block beats the plain step by `min_gain`, except probes of
         long-idle requests (at the block closest to paying, unless even that loses more than
         `probe_slack`). The drafter's batch bucket is filled with the next most promising
-        requests (free). `remaining` [n] (tokens each request may still make) with `closed`: the
-        last requests of an offline batch, only those the batch waits for drafted (`needs_drafts`)."""
+        requests (free)."""
         self.steps += 1
         n = len(slots)
         states = [self._state(s) for s in slots]
-        eligible = self._eligible(states, remaining, closed)
-        gains = np.where(eligible[:, None], np.cumprod(np.stack([s.estimate for s in states]), axis=1), 0.0)
+        gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1)
         plain_rate = n / self.step_cost(np.ones(n, np.int64))
         best_rate, best_k, block = plain_rate * (1 + self.min_gain), np.zeros(n, np.int64), 0
         probe_block, probe_rate = self.blocks[0], 0.0  # the drafting block valued most, paying or not
@@ -274,7 +252,7 @@ class AdaptivePolicy:
         if block and self._plain_cost_is_stale(n):
             return DraftPlan(np.zeros(n, bool), 0)
         chosen = best_k > 0
-        probes = np.array([s.idle + 1 >= self.probe_every for s in states]) & eligible
+        probes = np.array([s.idle + 1 >= self.probe_every for s in states])
         if probes.any() and not block:
             if probe_rate < (1 - self.probe_slack) * plain_rate:
                 probes[:] = False  # hopeless here: the idle estimates keep relaxing to their means
@@ -304,22 +282,14 @@ class AdaptivePolicy:
         return (self.refresh_every > 0 and shape in self.cost.compiled_verify
                 and (age is None or age >= self.refresh_every or self.cost.readings(shape) < self.cost.min_clock_readings))
 
-    def _eligible(self, states: list[RequestState], remaining: np.ndarray | None, closed: bool) -> np.ndarray:
-        if not closed or remaining is None:
-            return np.ones(len(states), bool)
-        return needs_drafts(remaining, np.array([s.rate for s in states]))
-
     def choose(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray,
-               confidence: np.ndarray | None, draft_seconds: float, block: int | None = None,
-               remaining: np.ndarray | None = None, closed: bool = False) -> np.ndarray:
+               confidence: np.ndarray | None, draft_seconds: float, block: int | None = None) -> np.ndarray:
         """k [n]: drafts to verify per request (0 for undrafted ones; at most block - 1, the
         drafts drafted). confidence [n, P] (rows of undrafted requests and positions past the
-        block ignored; None: no confidences, the recent estimates stand in). `remaining`,
-        `closed`: as for `plan_drafts`."""
+        block ignored; None: no confidences, the recent estimates stand in)."""
         limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)[:, :limit]
-        eligible = self._eligible([self._state(s) for s in slots], remaining, closed)
-        gains = np.where(drafted[:, None] & eligible[:, None], np.cumprod(alpha, axis=1), 0.0)
+        gains = np.where(drafted[:, None], np.cumprod(alpha, axis=1), 0.0)
         k, _ = best_lengths(gains, lambda shape: draft_seconds + self.shape_cost(shape))
         return k
 
@@ -388,6 +358,5 @@ class AdaptivePolicy:
         for i, state in enumerate(states):
             state.estimate, state.mean = estimate[i], mean[i]
             state.idle = 0 if drafted[i] else state.idle + 1
-            state.rate += self.rate_decay * (accepted[i] + 1 - state.rate)
             if seen[i]:
                 state.bias = float(np.clip(state.bias + steps[i], -3, 3))

@@ -82,8 +82,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         # knowing what is compiled at this context (the target's page-table width, the drafter's
         # window).
         self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(slots))
-        remaining, closed = batch.remaining_tokens, batch.closed_batch
-        plan = self.policy.plan_drafts(slots, remaining, closed)
+        plan = self.policy.plan_drafts(slots)
         drafted, block = plan.drafted, plan.block
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
@@ -112,8 +111,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
 
         # 2. Choose k_i; 3. verify the ragged blocks in one step, the acceptance padded to the
         # shape's block bucket Q (a function of the verify shape: no extra compiled programs).
-        verified = (self.policy.choose(slots, modes, drafted, confidence, t2 - t1, block, remaining, closed)
-                    if len(rows) else np.zeros(n, np.int64))
+        verified = (self.policy.choose(slots, modes, drafted, confidence, t2 - t1, block) if len(rows)
+                    else np.zeros(n, np.int64))
         shape = step_shape(verified + 1)
         if not verified.any():  # no draft to verify: NONE's own sampling program, not waited for
             accepted, new_bonus, features = self._plain_step(batch, bonus)

@@ -6,16 +6,14 @@ them, NONE vs --speculative-adaptive (and any fixed blocks), same run.
 
 Fresh engines with the engine's defaults live side by side in one process: NONE, the adaptive
 engine (`speculative_num_draft_tokens=16`, `speculative_adaptive=True`) and, with --block-sizes,
-fixed DFLASH blocks; with --server-adaptive a second adaptive engine ("adaptive-server") served as
-a server's requests are (no `Scheduler.closed`: tokens per second, not the batch's end, decides its
-steps). Each call hands every engine the same batch of prompts it has not served before (greedy,
-chat template, --max-new-tokens each), queued at once and served to the end as `Engine.generate`
-serves it (`Scheduler.closed` set once all are queued); the engines take scheduler steps in turn,
-so that a host whose speed drifts slows them alike, and each is timed over its own steps: its
-prefill, its decode, and the compiles of shapes it meets first (on a CPU seconds per shape, once
-per shape in a server's life; the persistent compilation cache serves a later process).
-`tokens_per_s` counts them, as the issue's check does; `warm_tokens_per_s` leaves JAX's compile
-seconds out. The first repeat meets every shape first; later repeats show a warm server.
+fixed DFLASH blocks. Each call hands every engine the same batch of prompts it has not served
+before (greedy, chat template, --max-new-tokens each), queued at once and served to the end as
+`Engine.generate` serves it; the engines take scheduler steps in turn, so that a host whose speed
+drifts slows them alike, and each is timed over its own steps: its prefill, its decode, and the
+compiles of shapes it meets first (on a CPU seconds per shape, once per shape in a server's life;
+the persistent compilation cache serves a later process). `tokens_per_s` counts them, as the
+issue's check does; `warm_tokens_per_s` leaves JAX's compile seconds out. The first repeat meets
+every shape first; later repeats show a warm server.
 
 Prompts are taken in order, per set, without reuse until a set runs out (mt-bench has 80: two
 repeats of 1 + 8 + 32 wrap around; the JSON counts the reused prompts). "mixed" takes gsm8k,
@@ -36,7 +34,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sgl_dflash.tools.bench_concurrency import SETS, _machine, save, serve, take_prompts
-from sgl_dflash.tools.bench_engines import SERVER_ADAPTIVE, add_engine_args, make_engines, resolve_engine_args
+from sgl_dflash.tools.bench_engines import add_engine_args, make_engines, resolve_engine_args
 
 
 def batch_result(loop: dict) -> dict:
@@ -68,8 +66,7 @@ def run_batches(engines: dict, prompts: list[list[int]], batch_sizes: list[int],
         batch, cursor = prompts[cursor : cursor + size], cursor + size
         first = call % len(names)
         turn = {name: engines[name] for name in names[first:] + names[:first]}
-        served = serve(turn, batch, concurrency=size, max_new_tokens=max_new_tokens,
-                       closed=[name for name in names if name != SERVER_ADAPTIVE])
+        served = serve(turn, batch, concurrency=size, max_new_tokens=max_new_tokens)
         results = {name: batch_result(served[name]) for name in names}
         base = results["NONE"]["outputs"]
         for r in results.values():
@@ -146,8 +143,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=2, help="batches of each size per set (new prompts each)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-sizes", type=int, nargs="*", default=[], help="fixed DFLASH blocks beside")
-    parser.add_argument("--server-adaptive", action="store_true",
-                        help=f"also an adaptive engine served as a server ({SERVER_ADAPTIVE}: tokens per second)")
     args = parser.parse_args(argv)
     if min(args.batch_sizes) < 1 or args.repeats < 1:
         parser.error("--batch-sizes and --repeats must be >= 1")

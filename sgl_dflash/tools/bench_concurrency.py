@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Container
 from pathlib import Path
 
 import jax
@@ -114,11 +113,8 @@ class ClosedLoop:
     every step as it ran. A compile is once per shape in a server's life, but its seconds in a
     measured pass outweigh what the pass measures: adaptive's policy compiles a shape it explores."""
 
-    def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int, closed: bool = False):
+    def __init__(self, engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int):
         self.scheduler, self.queue, self.running, self.done = engine.scheduler, list(prompts), [], {}
-        # closed: once every prompt is queued, tell the scheduler nothing else will join, as
-        # `Engine.generate` does with a list (an offline batch); False: a server's clients.
-        self.closed = closed
         self.concurrency, self.max_new_tokens, self.order, self.seconds = concurrency, max_new_tokens, {}, 0.0
         self.compiling_steps, self.compile_seconds, self.full_seconds, self.full_tokens = 0, 0.0, 0.0, 0
         self.full_compile_seconds = 0.0
@@ -143,7 +139,6 @@ class ClosedLoop:
             self.order[req.rid] = len(self.order)
             self.scheduler.add_request(req)
             self.running.append(req)
-            self.scheduler.closed = self.closed and not self.queue
         full, before = len(self.running) == self.concurrency, sum(len(r.output_ids) for r in self.running)
         fresh = [r for r in self.running if not r.output_ids]
         decode_steps = self.scheduler.stats["decode_steps"]
@@ -198,13 +193,11 @@ class ClosedLoop:
         return result
 
 
-def serve(engines: dict, prompts: list[list[int]], concurrency: int, max_new_tokens: int,
-          closed: Container[str] = ()) -> dict[str, dict]:
+def serve(engines: dict, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> dict[str, dict]:
     """Every engine serves `prompts` in a closed loop of `concurrency`; the engines take scheduler
     steps in turn, so that a shared machine's changing load falls on all of them alike (each is
-    timed over its own steps only). `closed`: the engines served as an offline batch (`ClosedLoop`)."""
-    loops = {name: ClosedLoop(engine, prompts, concurrency, max_new_tokens, name in closed)
-             for name, engine in engines.items()}
+    timed over its own steps only)."""
+    loops = {name: ClosedLoop(engine, prompts, concurrency, max_new_tokens) for name, engine in engines.items()}
     while not all(loop.finished for loop in loops.values()):
         for loop in loops.values():
             if not loop.finished:

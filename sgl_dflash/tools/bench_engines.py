@@ -19,16 +19,9 @@ def make_engines(args) -> dict:
     engines = {"NONE": Engine(**common)}
     for block in args.block_sizes:
         engines[f"B={block}"] = Engine(**common, **spec, speculative_num_draft_tokens=block)
-    adaptive = dict(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
-    engines["adaptive"] = Engine(**adaptive)
-    if getattr(args, "server_adaptive", False):  # bench_batches: the same engine served as a server
-        engines[SERVER_ADAPTIVE] = Engine(**adaptive)
+    engines["adaptive"] = Engine(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound,
+                                 speculative_adaptive=True)
     return engines
-
-
-# An adaptive engine whose batches are served without `Scheduler.closed` (as a server's requests
-# are): its policy maximizes tokens per second, what every batch ran by before 2026-11-28.
-SERVER_ADAPTIVE = "adaptive-server"
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

@@ -31,14 +31,14 @@ def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
     policy = engine.scheduler.worker.policy
     chosen, blocks = [], []
 
-    def plan(slots, remaining=None, closed=False):
+    def plan(slots):
         drafted = rng.random(len(slots)) < 0.6
         block = int(rng.choice(policy.blocks)) if drafted.any() else 0
         blocks.append(block)
         plain_steps.append(not drafted.any())
         return DraftPlan(drafted, block)
 
-    def choose(slots, modes, drafted, confidence, seconds, block, remaining=None, closed=False):
+    def choose(slots, modes, drafted, confidence, seconds, block):
         k = np.where(drafted, rng.integers(0, block, len(slots)), 0)
         chosen.extend(k.tolist())
         plain_steps[-1] = not k.any()
@@ -107,7 +107,7 @@ def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, no
     step ends: the drafter's commit and the policy's learning are dispatched before its tokens
     are read (read earlier, that host work added ~1 ms to every plain step at one request)."""
     worker, events = adaptive_engine.scheduler.worker, []
-    monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots, *_: DraftPlan(np.zeros(len(slots), bool), 0))
+    monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots: DraftPlan(np.zeros(len(slots), bool), 0))
 
     class Tokens:  # the step's device tokens; records when the worker reads them
         def __init__(self, array):

@@ -5,7 +5,7 @@ import statistics
 import numpy as np
 import pytest
 
-from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy, Calibrator, best_lengths, needs_drafts
+from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy, Calibrator, best_lengths
 from sgl_dflash.speculative.cost_model import CostModel, step_shape
 
 
@@ -532,47 +532,6 @@ def test_observing_a_batch_equals_observing_its_requests_one_by_one(with_confide
         np.testing.assert_allclose(a.estimate, b.estimate, rtol=0, atol=1e-12)
         np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=1e-12)
         assert a.bias == pytest.approx(b.bias, abs=1e-12) and a.idle == b.idle
-        assert a.rate == pytest.approx(b.rate, abs=1e-12)
     assert any(together.requests[s].bias != 0 for s in range(n))  # the offsets did learn
     for table in ("hits", "trials", "position_hits", "position_trials"):
         np.testing.assert_array_equal(getattr(together.calibrator, table), getattr(alone.calibrator, table))
-
-
-def test_a_closed_batch_drafts_only_the_requests_it_waits_for():
-    """The last requests of an offline batch end when the slowest does: a request that finishes
-    before the batch's expected end even with plain steps gets no drafts, the others are chosen
-    for as before; a server's batch (not closed) drafts every request whose drafts pay."""
-    # The batch ends in max(100 / 1, 80 / 1, 100 / 2.5) = 100 steps: the one 80 tokens from its end is
-    # done by then with plain steps; a request drafted at 2.5 tokens a step still needs its drafts.
-    assert needs_drafts(np.array([100, 80, 100]), np.array([1.0, 1.0, 2.5])).tolist() == [True, False, True]
-    # All drafted at 2.5 a step: 40 steps left; 80 plain tokens would take longer, so both need them.
-    assert needs_drafts(np.array([100, 80]), np.array([2.5, 2.5])).tolist() == [True, True]
-    assert needs_drafts(np.array([7]), np.array([0.5])).tolist() == [True]  # the slowest always does
-
-    policy = AdaptivePolicy(num_drafts=7, explore_every=0, refresh_every=0)
-    slots = [0, 1, 2, 3]
-    for slot in slots:
-        policy.add(slot)
-        policy.requests[slot].estimate[:] = 0.9
-    for _ in range(3):  # drafting pays: 4 rows 0.1 s, 8 rows 0.11 s, 16 rows 0.12 s, cheap drafts
-        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
-        policy.cost.observe((4, 8, 2), 0.11, 4, 0.005, 0.0, draft_block=2)
-        policy.cost.observe((4, 16, 4), 0.12, 4, 0.005, 0.0, draft_block=4)
-    remaining = np.array([50, 40, 50, 50])
-    assert policy.plan_drafts(slots, remaining, closed=False).drafted.all()
-    plan = policy.plan_drafts(slots, remaining, closed=True)
-    assert plan.block and plan.drafted[[0, 2, 3]].all()
-    confidence, modes = np.full((4, 7), 0.95), np.zeros(4, np.int64)
-    open_k = policy.choose(slots, modes, np.ones(4, bool), confidence, 0.005, plan.block, remaining, closed=False)
-    closed_k = policy.choose(slots, modes, np.ones(4, bool), confidence, 0.005, plan.block, remaining, closed=True)
-    assert open_k.all() and closed_k[1] == 0 and closed_k[[0, 2, 3]].all()
-
-    # Rates follow the tokens each step made: request 0's drafts now make 4 tokens a step, so with
-    # 120 tokens left it is done in 30 steps, and the batch waits for request 1 (40 plain steps),
-    # which needs its drafts again; request 0 still does (120 plain steps would be later still).
-    for _ in range(30):
-        policy.observe(slots, modes, np.array([True, False, False, False]), None, np.array([3, 0, 0, 0]),
-                       np.array([3, 0, 0, 0]), plan.block)
-    assert policy.requests[0].rate == pytest.approx(4.0, abs=0.01) and policy.requests[1].rate == 1.0
-    assert needs_drafts(np.array([120, 40]), np.array([policy.requests[0].rate, policy.requests[1].rate])).all()
-    assert not needs_drafts(np.array([100, 40]), np.array([1.0, 1.0]))[1]
