@@ -54,6 +54,8 @@ class Batch:
     # attention visits only the page chunks the longest cached prefix needs (a trip count on the
     # device; for CPU, see `paged_attention`), not all W columns
     loop_to_longest: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # the logits' matmul computes [V, R] and then transposes (`model.final_logits`; for CPU)
+    vocab_major_logits: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,7 @@ def build_batch(
     fine_tokens: bool = False,
     query_tiles: bool = True,
     loop_to_longest: bool = False,
+    vocab_major_logits: bool = False,
 ) -> tuple[Batch, BatchLayout]:
     """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
 
@@ -102,7 +105,7 @@ def build_batch(
     of 100 tokens ran as 1,024 rows), and a prefill program compiles in about a second.
     `query_tiles`: let attention take query tiles where they compute less (`choose_query_tile`);
     False keeps the dense per-sequence blocks (the layout before tiles, for comparison).
-    `loop_to_longest`: see `Batch.loop_to_longest`.
+    `loop_to_longest`, `vocab_major_logits`: see `Batch`.
 
     The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
     see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
@@ -156,6 +159,7 @@ def build_batch(
         max_q_len=max_q_len,
         query_tile=choose_query_tile(num_tokens, max_seqs, max_q_len) if query_tiles else 0,
         loop_to_longest=loop_to_longest,
+        vocab_major_logits=vocab_major_logits,
     )
     layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
     return batch, layout

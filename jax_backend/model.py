@@ -103,12 +103,21 @@ def forward(
         slots = jnp.where(jnp.isnan(h[0, 0]), 0, slots)
     # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
     kv_pool = write_kv(kv_pool, new_kv, slots)
-    return final_logits(params, config, h, batch.logits_indices), aux, kv_pool
+    return final_logits(params, config, h, batch.logits_indices, batch.vocab_major_logits), aux, kv_pool
 
 
-def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Array) -> jax.Array:
-    """float32 logits [R, V] of hidden rows `rows` (final norm, then lm_head)."""
+def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Array,
+                 vocab_major: bool = False) -> jax.Array:
+    """float32 logits [R, V] of hidden rows `rows` (final norm, then lm_head).
+
+    `vocab_major` (the runner sets it on a CPU): for R > 1 rows compute lm_head @ last.T [V, R]
+    and transpose it after an optimization barrier. XLA:CPU otherwise folds the transpose into
+    the dot and runs the [R, 576] x [576, V] product 1.4-1.8x slower at R = 4-32 (the 49,152 x 576
+    head: 11.8 -> 7.9 ms at R = 8, 24.9 -> 19.3 ms at R = 32; docs/performance.md section 22). Same
+    products, another summation order: logits differ by float rounding (~1e-6)."""
     last = rms_norm(h[rows], params["norm"], config.rms_norm_eps)
+    if vocab_major and last.shape[0] > 1:
+        return jax.lax.optimization_barrier(params["lm_head"] @ last.T).T.astype(jnp.float32)
     return (last @ params["lm_head"].T).astype(jnp.float32)
 
 

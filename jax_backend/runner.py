@@ -160,6 +160,7 @@ class TargetRunner:
         shape = (config.num_hidden_layers, num_pages, page_size, 2 * config.num_key_value_heads, config.head_dim)
         self.kv_pool = self._zeros_pool(shape, self.params["embed"].dtype)
         self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # on a CPU (see Batch)
+        self._vocab_major_logits = self._loop_to_longest  # on a CPU (see model.final_logits)
 
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
@@ -376,7 +377,8 @@ class TargetRunner:
                 raise BatchError(f"sequence {i}: token ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
         # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv` pads its scatter.
         return build_batch(seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_pages=self._min_pages,
-                           fine_tokens=fine_tokens, query_tiles=query_tiles, loop_to_longest=self._loop_to_longest)
+                           fine_tokens=fine_tokens, query_tiles=query_tiles, loop_to_longest=self._loop_to_longest,
+                           vocab_major_logits=self._vocab_major_logits)
 
     @property
     def _min_pages(self) -> int:
