@@ -112,9 +112,10 @@ def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Arr
 
     `vocab_major` (the runner sets it on a CPU): for R > 1 rows compute lm_head @ last.T [V, R]
     and transpose it after an optimization barrier. XLA:CPU otherwise folds the transpose into
-    the dot and runs the [R, 576] x [576, V] product 1.4-1.8x slower at R = 4-32 (the 49,152 x 576
-    head: 11.8 -> 7.9 ms at R = 8, 24.9 -> 19.3 ms at R = 32; docs/performance.md section 22). Same
-    products, another summation order: logits differ by float rounding (~1e-6)."""
+    the dot and runs the [R, 576] x [576, V] product 1.4-1.8x slower at R = 4-32 (SmolLM2's
+    49,152 x 576 head: 12.7 -> 7.5 ms at R = 8, 22.7 -> 16.8 ms at R = 32; docs/performance.md
+    section 22). Same products, another summation order: logits differ by float rounding (<= 3e-5
+    on SmolLM2's logits)."""
     last = rms_norm(h[rows], params["norm"], config.rms_norm_eps)
     if vocab_major and last.shape[0] > 1:
         return jax.lax.optimization_barrier(params["lm_head"] @ last.T).T.astype(jnp.float32)

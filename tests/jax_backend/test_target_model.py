@@ -253,7 +253,6 @@ def test_params_layout(qwen_dir):
     assert tied["lm_head"] is tied["embed"]
 
 
-
 @pytest.mark.parametrize("rows", [1, 4, 8])
 def test_vocab_major_logits_equal_the_row_major_ones(qwen_dir, rows):
     """On a CPU the runner computes a step's logits as lm_head @ last.T [V, R] behind an
@@ -274,6 +273,7 @@ def test_vocab_major_logits_equal_the_row_major_ones(qwen_dir, rows):
     table = runner.allocator.allocate("s", 3)
     batch, _ = runner._batch([SeqInput([1, 2, 3], 0, table, logits="all")])
     assert batch.vocab_major_logits == (jax.devices()[0].platform == "cpu")
+
 
 def _prompt_logits(path, ids, dtype):
     runner = TargetRunner(path, dtype=dtype, page_size=8, max_total_tokens=64)
