@@ -45,10 +45,8 @@ class AuxRows:
 
     @property
     def raw(self) -> list[np.ndarray] | tuple:
-        if self.padded is None:
-            return ()
-        host = np.asarray(self.padded)
-        return [host[span] for span in self.spans]
+        host = None if self.padded is None else np.asarray(self.padded)
+        return () if host is None else [host[span] for span in self.spans]
 
 
 class _AuxViews:
@@ -159,8 +157,8 @@ class TargetRunner:
         self.allocator = PageAllocator(num_pages, page_size)
         shape = (config.num_hidden_layers, num_pages, page_size, 2 * config.num_key_value_heads, config.head_dim)
         self.kv_pool = self._zeros_pool(shape, self.params["embed"].dtype)
-        self._loop_to_longest = all(d.platform == "cpu" for d in self.kv_pool.devices())  # on a CPU (see Batch)
-        self._vocab_major_logits = self._loop_to_longest  # on a CPU (see model.final_logits)
+        # On a CPU: attention's loop stops at the longest prefix, the logits' matmul is vocab-major (see Batch)
+        self._loop_to_longest = self._vocab_major_logits = all(d.platform == "cpu" for d in self.kv_pool.devices())
 
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
