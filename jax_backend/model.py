@@ -106,6 +106,10 @@ def forward(
     return final_logits(params, config, h, batch.logits_indices, batch.vocab_major_logits), aux, kv_pool
 
 
+# The widest step whose logits `final_logits` computes vocabulary-major (break-even ~64 rows on CPU).
+VOCAB_MAJOR_MAX_ROWS = 64
+
+
 def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Array,
                  vocab_major: bool = False) -> jax.Array:
     """float32 logits [R, V] of hidden rows `rows` (final norm, then lm_head).
@@ -114,10 +118,11 @@ def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Arr
     and transpose it after an optimization barrier. XLA:CPU otherwise folds the transpose into
     the dot and runs the [R, 576] x [576, V] product 1.4-1.8x slower at R = 4-32 (SmolLM2's
     49,152 x 576 head: 12.7 -> 7.5 ms at R = 8, 22.7 -> 16.8 ms at R = 32; docs/performance.md
-    section 22). Same products, another summation order: logits differ by float rounding (<= 3e-5
-    on SmolLM2's logits)."""
+    section 22). Past VOCAB_MAJOR_MAX_ROWS rows it is the slower one (1.10x at 128 rows, 1.35x at
+    512: a batch-32 verify of 8-token blocks has 256), so wider steps keep the plain dot. Same
+    products, another summation order: logits differ by float rounding (<= 3e-5 on SmolLM2's)."""
     last = rms_norm(h[rows], params["norm"], config.rms_norm_eps)
-    if vocab_major and last.shape[0] > 1:
+    if vocab_major and 1 < last.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
         return jax.lax.optimization_barrier(params["lm_head"] @ last.T).T.astype(jnp.float32)
     return (last @ params["lm_head"].T).astype(jnp.float32)
 

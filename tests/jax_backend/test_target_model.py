@@ -15,7 +15,7 @@ from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from jax_backend import CheckpointError, SeqInput, TargetConfig, TargetRunner, load_target
-from jax_backend.model import final_logits, rope_inv_freq
+from jax_backend.model import VOCAB_MAJOR_MAX_ROWS, final_logits, rope_inv_freq
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
 TOL = 1e-4  # fp32, max abs diff of logits / hidden states
@@ -253,13 +253,14 @@ def test_params_layout(qwen_dir):
     assert tied["lm_head"] is tied["embed"]
 
 
-@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("rows", [1, 4, 8, 128])
 def test_vocab_major_logits_equal_the_row_major_ones(qwen_dir, rows):
     """On a CPU the runner computes a step's logits as lm_head @ last.T [V, R] behind an
     optimization barrier, then transposes (XLA:CPU's kernel for that orientation is 1.4-1.8x
-    faster at R = 4-32): the same logits within float rounding; one row keeps the GEMV."""
+    faster at R = 4-32): the same logits within float rounding; one row keeps the GEMV, and steps
+    wider than VOCAB_MAJOR_MAX_ROWS (where it is slower) the plain dot."""
     config, params = load_target(qwen_dir)
-    h = jax.random.normal(jax.random.key(0), (8, config.hidden_size), jnp.float32)
+    h = jax.random.normal(jax.random.key(0), (max(rows, 8), config.hidden_size), jnp.float32)
     rows_idx = jnp.arange(rows, dtype=jnp.int32)[::-1]
     vocab_major = jax.jit(lambda p, h, r: final_logits(p, config, h, r, vocab_major=True))
     row_major = jax.jit(lambda p, h, r: final_logits(p, config, h, r))
@@ -267,7 +268,7 @@ def test_vocab_major_logits_equal_the_row_major_ones(qwen_dir, rows):
     assert got.shape == want.shape == (rows, config.vocab_size)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     barrier = "optimization_barrier" in vocab_major.lower(params, h, rows_idx).as_text()
-    assert barrier == (rows > 1) and "optimization_barrier" not in row_major.lower(params, h, rows_idx).as_text()
+    assert barrier == (1 < rows <= VOCAB_MAJOR_MAX_ROWS) and "optimization_barrier" not in row_major.lower(params, h, rows_idx).as_text()
 
     runner = TargetRunner(qwen_dir, page_size=8, max_total_tokens=64)
     table = runner.allocator.allocate("s", 3)
