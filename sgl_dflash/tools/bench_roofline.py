@@ -8,6 +8,8 @@
    cached tokens per sequence, times (median of interleaved repeats, ms per step):
    - ours: `TargetRunner.sample` (decode) / `TargetRunner.verify` (greedy), what the engine runs;
    - a plain dense JAX step over a contiguous KV cache (same weights; the simplest fast JAX);
+   - "xla_dots": the step's weight matmuls alone (`dots_step`): what XLA's dot kernels take for
+     these shapes, the part of any JAX step that the program around them cannot remove;
    - transformers eager with a dynamic cache (and, on GPU, with a static cache).
 3. Roofline of each case: max(bytes / bandwidth, FLOPs / matmul peak), bytes = weights + KV read
    + KV written, FLOPs = matmuls + attention + lm_head of the logit rows.
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import SeqInput, TargetRunner
-from jax_backend.model import apply_rope, rms_norm, rope_cos_sin
+from jax_backend.model import LayerBranches, apply_rope, final_logits, rms_norm, rope_cos_sin, unstack_layers
 
 CASES = [(1, 1), (4, 1), (32, 1), (1, 4), (1, 8), (1, 16), (4, 4), (4, 8), (4, 16)]  # (B, K)
 
@@ -146,6 +148,42 @@ class DenseJax:
         np.asarray(logits.argmax(-1))  # greedy ids to the host, as ours
 
 
+# -- the step's matmuls alone -----------------------------------------------------------------------
+def dots_step(params, config, h, vocab_major):
+    """Only the weight matmuls of a step over the rows h [M, H] (every layer's projections and
+    the lm_head on every row), chained so that none is dead: no norms, RoPE or attention. What
+    XLA's dot kernels alone take for the step's shapes, weights read in place (per-layer arrays,
+    no slicing): when this alone is over a goal's multiple of the roofline, the program around
+    the dots cannot meet it."""
+    for w in params["layers"]:
+        if "qkv_proj" in w:
+            qkv = h @ w["qkv_proj"]
+            q, kv = qkv[:, : config.hidden_size], qkv[:, config.hidden_size :]
+        else:
+            q, kv = h @ w["q_proj"], jnp.concatenate([h @ w["k_proj"], h @ w["v_proj"]], axis=-1)
+        h = h + q @ w["o_proj"] + 1e-6 * jnp.mean(kv, axis=-1, keepdims=True)
+        if "gate_up_proj" in w:
+            gate, up = jnp.split(h @ w["gate_up_proj"], 2, axis=-1)
+        else:
+            gate, up = h @ w["gate_proj"], h @ w["up_proj"]
+        h = h + (jax.nn.silu(gate) * up) @ w["down_proj"]
+    return final_logits(params, config, h, jnp.arange(h.shape[0]), vocab_major)
+
+
+class DotsOnly:
+    """`dots_step` at M = B*K rows with the runner's weights laid out per layer."""
+
+    def __init__(self, runner: TargetRunner, vocab_major: bool):
+        layers = runner.params["layers"]
+        layers = list(layers.layers) if isinstance(layers, LayerBranches) else unstack_layers(runner.params)["layers"]
+        self.params, self.config = {**runner.params, "layers": layers}, runner.config
+        self._step = jax.jit(lambda p, h: dots_step(p, self.config, h, vocab_major))
+
+    def run(self, rows: int) -> None:
+        h = jnp.full((rows, self.config.hidden_size), 0.01, self.params["embed"].dtype)
+        np.asarray(self._step(self.params, h).argmax(-1))  # ids to the host, as ours
+
+
 # -- transformers ---------------------------------------------------------------------------------
 class HfSteps:
     """transformers eager: B sequences of `context` tokens cached, then K-token steps."""
@@ -230,6 +268,7 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         group = range(i, min(i + 4, max_batch))
         runner.forward([SeqInput(rng.integers(0, config.vocab_size, context).tolist(), 0, tables[j]) for j in group])
     dense = DenseJax(runner, context + 16)
+    dots = DotsOnly(runner, vocab_major=not on_gpu)  # the logits' orientation of the runner's steps
     impls = {"hf_dynamic": HfSteps(hf, context, static=False)} if hf is not None else {}
     if hf is not None and (on_gpu if hf_static is None else hf_static):
         impls["hf_static"] = HfSteps(hf, context, static=True)
@@ -243,7 +282,8 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         else:
             seqs = [SeqInput(t.tolist(), context, tables[i], "all") for i, t in enumerate(tokens)]
             ours = lambda: runner.verify(seqs)  # noqa: E731
-        steps = {"ours": ours, "dense_jax": lambda: dense.run(tokens, context)}
+        steps = {"ours": ours, "dense_jax": lambda: dense.run(tokens, context),
+                 "xla_dots": lambda: dots.run(batch * k)}
         for name, impl in impls.items():
             if batch <= hf_max_batch:
                 steps[name] = lambda impl=impl: impl.run(tokens)

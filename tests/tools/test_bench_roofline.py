@@ -37,6 +37,28 @@ def test_roofline_run_writes_json_and_png(tmp_path):
     assert saved["backend"] == result["backend"] == "cpu"
     assert [(r["batch"], r["k"]) for r in saved["rows"]] == [(1, 1), (2, 4)]
     for row in saved["rows"]:
-        assert row["ours_ms"] > 0 and row["dense_jax_ms"] > 0 and row["roofline_ms"] > 0
+        assert row["ours_ms"] > 0 and row["dense_jax_ms"] > 0 and row["xla_dots_ms"] > 0 and row["roofline_ms"] > 0
         assert row["ours_over_roofline"] == pytest.approx(row["ours_ms"] / row["roofline_ms"])
     bench_roofline.print_table(result)
+
+
+def test_the_dots_only_step_keeps_every_matmul(tmp_path):
+    """`dots_step` is a floor for the step's matmuls only if XLA drops none of them: its compiled
+    FLOPs cover every projection and the lm_head at M rows (the roofline's matmul FLOPs)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_backend import TargetRunner
+
+    model = make_tiny_target(tmp_path / "model", "llama", num_hidden_layers=2)
+    runner = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, max_model_len=64)
+    dots = bench_roofline.DotsOnly(runner, vocab_major=True)
+    rows, c = 4, runner.config
+    h = jnp.ones((rows, c.hidden_size), jnp.float32)
+    compiled = jax.jit(lambda p, h: bench_roofline.dots_step(p, c, h, True)).lower(dots.params, h).compile()
+    flops = compiled.cost_analysis()["flops"]
+    no_attention = bench_roofline.roofline(c, 0, batch=rows, k=1, context=0,
+                                           machine={"read_bandwidth_gbs": 1.0, "matmul_fp32_gflops": 1.0})["flops"]
+    no_attention -= 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * rows  # the roofline's K=1 scores
+    assert no_attention <= flops <= 1.2 * no_attention
+    dots.run(rows)
