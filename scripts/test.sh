@@ -10,4 +10,5 @@ if [ "${1:-}" = "--fast" ]; then
     shift
     set -- -m "not slow" "$@"
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# --durations: the slowest tests in every run's log (CI time is a budget).
+exec .venv/bin/python -m pytest -q --durations=20 "$@"
