@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -16,15 +17,15 @@ from jax_backend import model, sampling, sharding, steps
 from jax_backend.batch import BatchError, SeqInput, build_batch, context_pages
 from jax_backend.config import TargetConfig
 from jax_backend.kv_cache import PageAllocator
+from jax_backend.layout_tuner import LayoutTuner
 from jax_backend.loader import load_target
 from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
 
 
-# "auto" (the default): the scan, except that on a CPU decode steps of at least AUTO_SWITCH_SEQS
-# sequences run the switch, which copies no weights per step (docs/performance.md sections 19-20;
+# "auto" (the default): the scan, except that on a CPU decode steps run the scan or the switch,
+# whichever `LayoutTuner` measured faster for their shape (docs/performance.md sections 19-20, 24;
 # on accelerators the switch is unmeasured). The other values are `model.forward`'s layouts.
 LAYER_LOOPS = (*model.LAYER_LOOPS, "auto")
-AUTO_SWITCH_SEQS = 16
 
 
 class ContextLengthError(ValueError):
@@ -119,7 +120,7 @@ class TargetRunner:
         tp_size: int = 1,
     ):
         """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan", and on a CPU
-        "switch" for decode steps of >= AUTO_SWITCH_SEQS sequences; section 20), "scan", "switch"
+        decode steps measured both ways, `LayoutTuner`; section 24), "scan", "switch"
         (no per-step weight copies: on 2 CPU cores 0.87-0.96x the scan's decode step at 16-64
         sequences, 1.0-1.1x at 1-8, 2-5x the compile time; docs/performance.md section 19) or
         "unrolled" (for accelerators, section 17); the switch and unrolled layouts are per-layer
@@ -163,8 +164,8 @@ class TargetRunner:
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
-        wide_switch = layer_loop == "auto" and self._loop_to_longest  # on a CPU
-        self._wide_decode_params = self._layout("switch") if wide_switch else self._step_params
+        self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
+        self._switch_params = self._layout("switch") if self._tuner else self._step_params
 
         def step(params, kv_pool, batch):
             return model.forward(params, config, kv_pool, batch, aux_layer_ids)
@@ -237,8 +238,13 @@ class TargetRunner:
         if mode != "greedy" and key is None:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
-        tokens, aux, self.kv_pool = fn(self._params_for(batch), self.kv_pool, batch, *arrays, key)
+        loop, shape = self._tuner.decode_loop(batch, mode, timed=wait) if self._tuner else (self.layer_loop, None)
+        start = time.perf_counter()
+        tokens, aux, self.kv_pool = fn(self._switch_params if loop == "switch" else self._step_params,
+                                       self.kv_pool, batch, *arrays, key)
         tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens  # wait=False: unread, on the device
+        if shape is not None and wait:
+            self._tuner.observe(shape, loop, time.perf_counter() - start)
         if device_features:
             return SampleOutput(tokens, device_features=self.hidden_state_features(aux))
         return SampleOutput(tokens, self._aux_rows(aux, layout))
@@ -333,18 +339,12 @@ class TargetRunner:
 
     def memory_per_device(self) -> dict[str, dict[str, int]]:
         """{"weights" | "kv": {device: bytes}}: what each device holds of the target (all weights)."""
-        weights = sharding.bytes_per_device((self.params, self._step_params, self._wide_decode_params))
+        weights = sharding.bytes_per_device((self.params, self._step_params, self._switch_params))
         return {"weights": weights, "kv": sharding.bytes_per_device(self.kv_pool)}
 
     def _layout(self, loop: str) -> dict:
         params = model.layer_layout(self.params, loop)
         return model.fuse_projections(params) if self.fuse_projections else params
-
-    def _params_for(self, batch) -> dict:
-        """The weights' layout a `sample` step of `batch`'s shape runs ("auto": the switch for wide
-        decode steps, one token per sequence; `forward` and `verify` run the scan)."""
-        wide_decode = batch.max_q_len == 1 and batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS
-        return self._wide_decode_params if wide_decode else self._step_params
 
     def _aux_rows(self, aux: jax.Array, layout) -> AuxRows:
         """The drafter features per sequence, on the host: the padded batch's rows are normed in

@@ -78,14 +78,14 @@ def test_cli_flags_use_sglang_spelling(tiny_qwen3_dir):
     assert alias.speculative_num_draft_tokens == 4
 
 
-@pytest.mark.parametrize("flags, loop, layout, wide_decode_layout", [
-    ([], "auto", dict, LayerBranches),  # on a CPU, wide decode steps run the switch
+@pytest.mark.parametrize("flags, loop, layout, switch_layout", [
+    ([], "auto", dict, LayerBranches),  # on a CPU, decode steps may run the switch (LayoutTuner)
     (["--layer-loop", "scan"], "scan", dict, dict),
     (["--layer-loop", "switch"], "switch", LayerBranches, LayerBranches),
     (["--layer-loop", "unrolled"], "unrolled", list, list),
     (["--unroll-layers"], "unrolled", list, list),  # the older spelling
 ])
-def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, layout, wide_decode_layout):
+def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, layout, switch_layout):
     from sgl_dflash.model_executor.target_worker import TargetWorker
 
     parser = argparse.ArgumentParser()
@@ -95,7 +95,8 @@ def test_layer_loop_flag_reaches_the_target_runner(tiny_qwen3_dir, flags, loop, 
     assert sa.layer_loop == loop
     runner = TargetWorker(sa).runner
     assert runner.layer_loop == loop and type(runner._step_params["layers"]) is layout
-    assert type(runner._wide_decode_params["layers"]) is wide_decode_layout
+    assert type(runner._switch_params["layers"]) is switch_layout
+    assert (runner._tuner is not None) == (loop == "auto")
 
 
 def test_layer_loop_refuses_unknown_and_contradicting_values(tiny_qwen3_dir):

@@ -17,7 +17,7 @@ from jax_backend import (
     TargetRunner,
 )
 from jax_backend import sampling
-from jax_backend.runner import AUTO_SWITCH_SEQS
+from jax_backend.layout_tuner import AUTO_SWITCH_SEQS, LayoutTuner
 from tests.jax_backend.allocator_utils import truncate
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
@@ -277,10 +277,11 @@ def test_other_layer_loops_equal_the_scan_without_copying_the_pool(checkpoint, r
     runner.allocator.free("u")
 
 
-def test_auto_layer_loop_switches_only_wide_decode_steps(checkpoint):
-    """layer_loop="auto": a decode step (`sample`, one token per sequence) of >= AUTO_SWITCH_SEQS
-    sequences runs the switch layout (its program slices no stacked weight), narrower or
-    multi-token steps the scan; the same tokens and features as the scan's."""
+def test_auto_layer_loop_tunes_decode_steps(checkpoint):
+    """layer_loop="auto" on a CPU: a decode step (`sample`, one token per sequence) runs the scan
+    or the switch layout, each timed on its shape and then the faster (`LayoutTuner`); until
+    then >= AUTO_SWITCH_SEQS sequences start on the switch (its program slices no stacked
+    weight). Multi-token steps run the scan. Same tokens and features as the scan either way."""
     n = AUTO_SWITCH_SEQS
     runners = [TargetRunner(checkpoint, page_size=8, max_total_tokens=1024, max_num_seqs=n, aux_layer_ids=AUX,
                             layer_loop=loop) for loop in ("scan", "auto")]
@@ -290,31 +291,40 @@ def test_auto_layer_loop_switches_only_wide_decode_steps(checkpoint):
         tables = [r.allocator.allocate(i, len(p) + 1) for i, p in enumerate(prompts)]
         first = r.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
         decode = [SeqInput([int(f.argmax())], len(p), t) for f, p, t in zip(first.logits, prompts, tables)]
-        outs.append(r.sample(decode, [0.0] * n, [1.0] * n, [0] * n))
-    np.testing.assert_array_equal(outs[1].tokens, outs[0].tokens)
-    np.testing.assert_allclose(np.concatenate(outs[1].features), np.concatenate(outs[0].features), atol=TOL, rtol=0)
+        outs.append([r.sample(decode[:m], [0.0] * m, [1.0] * m, [0] * m) for m in (n, 2) for _ in range(10)])
     scan, auto = runners
+    for a, b in zip(*outs):  # 10 steps of 16 and of 2 sequences: both layouts ran each shape
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(np.concatenate(a.features), np.concatenate(b.features), atol=TOL, rtol=0)
     wide = [SeqInput([1], len(p), auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
+    for seqs, default in ((wide, "switch"), (wide[:2], "scan")):
+        loop, key = auto._tuner.decode_loop(auto._batch(seqs)[0], "greedy", timed=False)
+        times = auto._tuner.times(key)
+        assert len(times["scan"]) >= 3 and len(times["switch"]) >= 3  # 10 steps: 1 + 3 each, then the faster
+        assert loop == auto._tuner.best(key) == min(times, key=lambda layout: np.median(times[layout]))
+        assert LayoutTuner().decode_loop(auto._batch(seqs)[0], "greedy", timed=False)[0] == default
+    assert not _stacked_weight_slices(auto, wide, "switch") and _stacked_weight_slices(auto, wide, "scan")
     two_tokens = [SeqInput([1, 2], len(p) - 1, auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
-    assert not _stacked_weight_slices(auto, wide)
     ragged = two_tokens[:4] + wide[4:12]  # as many rows as sequence slots (16), but a verify block
     assert auto._batch(ragged)[0].tokens.shape[0] == auto._batch(ragged)[0].kv_lens.shape[0] == n
-    assert _stacked_weight_slices(auto, wide[: n // 2]) and _stacked_weight_slices(auto, two_tokens)
-    assert _stacked_weight_slices(auto, ragged)
-    assert _stacked_weight_slices(scan, wide)
+    for seqs in (two_tokens, ragged):
+        assert auto._tuner.decode_loop(auto._batch(seqs)[0], "greedy", timed=True) == ("scan", None)
+    assert _stacked_weight_slices(scan, wide, "switch")  # a scan runner has no other layout
     layer_bytes = sum(w.nbytes for w in scan.params["layers"].values())
     assert sum(auto.memory_per_device()["weights"].values()) == sum(scan.memory_per_device()["weights"].values()) + layer_bytes
 
 
-def _stacked_weight_slices(runner, seqs) -> list[str]:
-    """Lines of the (compiled) greedy sample program, before XLA's passes, that slice a layer out of
-    a stacked [num_layers, ...] weight (the scan's per-step weight reads; XLA:CPU copies them)."""
+def _stacked_weight_slices(runner, seqs, loop: str | None = None) -> list[str]:
+    """Lines of the greedy sample program with `loop`'s weights (default: the runner's own
+    layout), before XLA's passes, that slice a layer out of a stacked [num_layers, ...] weight
+    (the scan's per-step weight reads; XLA:CPU copies them)."""
     seqs = seqs if isinstance(seqs, list) else [seqs]
     runner.sample(seqs, [0.0] * len(seqs), [1.0] * len(seqs), [0] * len(seqs))  # builds the greedy sample step
     batch, _ = runner._batch(seqs)
     greedy = sampling.per_row_params(batch.kv_lens.shape[0], 1, [0.0], [1.0], [0])
     fn = runner._sample_steps["greedy"]
-    text = fn.lower(runner._params_for(batch), runner.kv_pool, batch, *greedy, None).as_text()
+    params = runner._switch_params if loop == "switch" else runner._step_params
+    text = fn.lower(params, runner.kv_pool, batch, *greedy, None).as_text()
     stacked = {f"tensor<{runner.config.num_hidden_layers}x{'x'.join(map(str, w.shape[1:]))}xf32>"
                for w in runner.params["layers"].values()}
     return [line.strip()[:160] for line in text.splitlines()
