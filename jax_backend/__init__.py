@@ -5,8 +5,9 @@ from jax_backend.batch import Batch, BatchError, BatchLayout, SeqInput, build_ba
 from jax_backend.config import CheckpointError, RopeScaling, TargetConfig
 from jax_backend.kv_cache import OutOfPages, PageAllocator
 from jax_backend.loader import load_target
+from jax_backend.outputs import ForwardOutput, SampleOutput, VerifyOutput
 from jax_backend.paged_attention import ragged_paged_attention
-from jax_backend.runner import ContextLengthError, ForwardOutput, SampleOutput, TargetRunner, VerifyOutput
+from jax_backend.runner import ContextLengthError, TargetRunner
 
 __all__ = [
     "Batch",

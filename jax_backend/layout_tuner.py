@@ -1,4 +1,4 @@
-"""Which layer loop a CPU decode step runs, measured per compiled shape while it serves.
+"""Which layer loop a CPU decode or verify step runs, measured per compiled shape while it serves.
 
 The scan slices each layer's weights out of the stacked arrays, and XLA:CPU copies every slice
 (~427 MB a step for SmolLM2-135M in float32) before its dots read it from cache; the switch reads
@@ -6,7 +6,7 @@ each layer's own arrays in place (`model.switch_layers`). Which is faster depend
 not only on the shape: on a quiet host the copies paid for themselves at 1-8 sequences (the
 switch 1.09-1.12x the scan's step, docs/performance.md section 19), on a host whose memory is
 slower the copies dominate (the switch 0.68-0.83x at 1-8 sequences, section 24). So "auto" on a
-CPU times both on every decode shape it meets, runs the faster, and times the other again now
+CPU times both on every decode and verify shape it meets, runs the faster, and times the other again now
 and then, since a host's speed drifts.
 """
 
@@ -53,14 +53,15 @@ class LayoutTuner:
                 return layout
         return self.best(key) or default
 
-    def decode_loop(self, batch, mode: str, timed: bool) -> tuple[str, tuple | None]:
-        """(layer loop, key) of a `TargetRunner.sample` step of `batch` (`jax_backend.batch.Batch`)
-        in sampling `mode`: a decode step (one token per sequence) is chosen here, keyed by its
-        compiled shape; any other step runs the scan (key None)."""
-        if batch.max_q_len != 1:
+    def choose_loop(self, kind: str, batch, mode: str, timed: bool, block: int = 1) -> tuple[str, tuple | None]:
+        """(layer loop, key) of a TargetRunner step of `kind` ("sample" | "verify": blocks of
+        `block` rows) over `batch` (`jax_backend.batch.Batch`) in sampling `mode`, keyed by its
+        compiled shape. A "sample" step of more than one token per sequence is not a decode step:
+        the scan (key None)."""
+        if kind == "sample" and batch.max_q_len != 1:
             return "scan", None
-        key = (mode, batch.tokens.shape[0], batch.page_indices.shape)
-        default = "switch" if batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS else "scan"
+        key = (kind, mode, batch.tokens.shape[0], batch.page_indices.shape, batch.max_q_len, block)
+        default = "switch" if kind == "sample" and batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS else "scan"
         return self.choose(key, default, timed), key
 
     def observe(self, key: Hashable, layout: str, seconds: float) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
@@ -19,82 +18,18 @@ from jax_backend.config import TargetConfig
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.layout_tuner import LayoutTuner
 from jax_backend.loader import load_target
+from jax_backend.outputs import AuxRows, ForwardOutput, SampleOutput, VerifyOutput
 from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
 
 
-# "auto" (the default): the scan, except that on a CPU decode steps run the scan or the switch,
-# whichever `LayoutTuner` measured faster for their shape (docs/performance.md sections 19-20, 24;
+# "auto" (the default): the scan, except that on a CPU decode and verify steps run the scan or the
+# switch, whichever `LayoutTuner` timed faster for their shape (docs/performance.md sections 19-20, 24;
 # on accelerators the switch is unmeasured). The other values are `model.forward`'s layouts.
 LAYER_LOOPS = (*model.LAYER_LOOPS, "auto")
 
 
 class ContextLengthError(ValueError):
     """A sequence would run past the runner's max_model_len."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AuxRows:
-    """Per-sequence rows of a step's aux layers: `features[i]` np.float32 [q_len, n_aux * H], the
-    drafter's context features (`hidden_state_features`), and `raw[i]` the aux layers' outputs as
-    they are (concatenated in `aux_layer_ids` order). Sliced on the host, since a device slice
-    compiles once per q_len (once per new prompt length, in the middle of serving); `raw` is copied
-    only when read (tests compare it with transformers; serving needs only the features)."""
-
-    features: list[np.ndarray] | tuple = ()
-    padded: jax.Array | None = None  # the step's aux [T, n_aux * H], on the device
-    spans: tuple[slice, ...] = ()
-
-    @property
-    def raw(self) -> list[np.ndarray] | tuple:
-        host = None if self.padded is None else np.asarray(self.padded)
-        return () if host is None else [host[span] for span in self.spans]
-
-
-class _AuxViews:
-    """`aux_hidden` and `features` of an output's `aux` rows: `AuxRows.raw` / `AuxRows.features`
-    (empty when the runner has no aux layers)."""
-
-    aux: AuxRows
-
-    @property
-    def aux_hidden(self) -> list[np.ndarray] | tuple:
-        return self.aux.raw
-
-    @property
-    def features(self) -> list[np.ndarray] | tuple:
-        return self.aux.features
-
-
-@dataclasses.dataclass(frozen=True)
-class ForwardOutput(_AuxViews):
-    """`logits[i]`: np.float32 [1, V] ("last") or [q_len, V] ("all") for sequence i; `aux_hidden`
-    and `features` as `AuxRows.raw` / `AuxRows.features` (empty when the runner has no aux layers)."""
-
-    logits: list[np.ndarray]
-    aux: AuxRows = AuxRows()
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleOutput(_AuxViews):
-    """`tokens`: np.int32 [n], one sampled token per sequence (from its last position; `wait=False`:
-    every padded row's, left on the device); `aux_hidden` and `features` as in `ForwardOutput`."""
-
-    tokens: np.ndarray | jax.Array
-    aux: AuxRows = AuxRows()
-    # `sample(..., device_features=True)`: the drafter's features [T, n_aux*H] on the device (rows past n pad); no `aux`
-    device_features: jax.Array | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyOutput:
-    """Per block: `accepted` drafts (np.int32 [n]), the target's `bonus` token after them
-    (np.int32 [n]), and `features` [S, B, n_aux*H] (device; rows >= n are padding): the drafter's
-    context features (`hidden_state_features`) of every block row (rows past a ragged block's
-    end repeat its last row); sequence i commits rows 0 .. accepted[i]."""
-
-    accepted: np.ndarray
-    bonus: np.ndarray
-    features: jax.Array
 
 
 class TargetRunner:
@@ -119,12 +54,11 @@ class TargetRunner:
         fuse_projections: bool = False,
         tp_size: int = 1,
     ):
-        """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan", and on a CPU
-        decode steps measured both ways, `LayoutTuner`; section 24), "scan", "switch"
-        (no per-step weight copies: on 2 CPU cores 0.87-0.96x the scan's decode step at 16-64
-        sequences, 1.0-1.1x at 1-8, 2-5x the compile time; docs/performance.md section 19) or
-        "unrolled" (for accelerators, section 17); the switch and unrolled layouts are per-layer
-        copies of the layer weights, kept beside `self.params` (the loaded stack).
+        """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan"; on a CPU decode
+        and verify steps run the scan or the switch, whichever `LayoutTuner` timed faster), "scan",
+        "switch" (no per-step weight copies, 2-5x the compile time; docs/performance.md sections 19,
+        24) or "unrolled" (for accelerators, section 17); the switch and unrolled layouts are
+        per-layer copies of the layer weights, kept beside `self.params` (the loaded stack).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
@@ -165,6 +99,7 @@ class TargetRunner:
         # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
+        self.tune_verify = True  # verify steps too (an adaptive worker, whose shapes are many, turns it off)
         self._switch_params = self._layout("switch") if self._tuner else self._step_params
 
         def step(params, kv_pool, batch):
@@ -238,13 +173,8 @@ class TargetRunner:
         if mode != "greedy" and key is None:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
-        loop, shape = self._tuner.decode_loop(batch, mode, timed=wait) if self._tuner else (self.layer_loop, None)
-        start = time.perf_counter()
-        tokens, aux, self.kv_pool = fn(self._switch_params if loop == "switch" else self._step_params,
-                                       self.kv_pool, batch, *arrays, key)
+        tokens, aux, self.kv_pool = self._run(fn, "sample", batch, mode, wait, *arrays, key)
         tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens  # wait=False: unread, on the device
-        if shape is not None and wait:
-            self._tuner.observe(shape, loop, time.perf_counter() - start)
         if device_features:
             return SampleOutput(tokens, device_features=self.hidden_state_features(aux))
         return SampleOutput(tokens, self._aux_rows(aux, layout))
@@ -297,13 +227,25 @@ class TargetRunner:
         elif draft_probs is None or key is None or draft_probs.shape[:2] != (num_seqs, block - 1):
             raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
-        accepted, bonus, features, self.kv_pool = fn(
-            self._step_params, self.kv_pool, batch, block_rows, token_rows, drafts, num_drafts,
+        accepted, bonus, features, self.kv_pool = self._run(
+            fn, "verify", batch, mode, self.tune_verify, block_rows, token_rows, drafts, num_drafts,
             *arrays, draft_probs, key,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
     # -- internals --------------------------------------------------------------------------
+    def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args):
+        """fn(weights, pool, batch, *args) in the layer loop the tuner picks for this step (none:
+        the runner's own); a `timed` step is waited for and its seconds go to the tuner."""
+        block = args[0].shape[1] if kind == "verify" else 1  # verify's block_rows [S, B]
+        loop, shape = self._tuner.choose_loop(kind, batch, mode, timed, block) if self._tuner else (self.layer_loop, None)
+        start = time.perf_counter()
+        out = fn(self._switch_params if loop == "switch" else self._step_params, self.kv_pool, batch, *args)
+        if shape is not None and timed:
+            jax.block_until_ready(out[0])
+            self._tuner.observe(shape, loop, time.perf_counter() - start)
+        return out
+
     def _jitted(self, cache: dict, mode: str, body: Callable, **static) -> Callable:
         if mode not in cache:
             cache[mode] = self._jit_step(

@@ -47,6 +47,9 @@ class AdaptiveDFlashWorker(DFlashWorker):
     def __init__(self, server_args: Any):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
+        # Verify steps keep the runner's scan: a second layout per shape (jax_backend.layout_tuner)
+        # would compile mid-serving for each of the dozens of shapes the policy uses (not measured).
+        self.runner.tune_verify = False
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2
         # Most steps commit 1 or 2 rows per request (a plain step, a verify of one draft): drafts

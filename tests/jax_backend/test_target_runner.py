@@ -277,11 +277,12 @@ def test_other_layer_loops_equal_the_scan_without_copying_the_pool(checkpoint, r
     runner.allocator.free("u")
 
 
-def test_auto_layer_loop_tunes_decode_steps(checkpoint):
-    """layer_loop="auto" on a CPU: a decode step (`sample`, one token per sequence) runs the scan
-    or the switch layout, each timed on its shape and then the faster (`LayoutTuner`); until
-    then >= AUTO_SWITCH_SEQS sequences start on the switch (its program slices no stacked
-    weight). Multi-token steps run the scan. Same tokens and features as the scan either way."""
+def test_auto_layer_loop_tunes_decode_and_verify_steps(checkpoint):
+    """layer_loop="auto" on a CPU: a decode step (`sample`, one token per sequence) or a verify
+    step runs the scan or the switch layout, each timed on its shape and then the faster
+    (`LayoutTuner`); until then decode steps of >= AUTO_SWITCH_SEQS sequences start on the switch
+    (its program slices no stacked weight). Multi-token `sample` steps run the scan. Same
+    tokens and features as the scan either way."""
     n = AUTO_SWITCH_SEQS
     runners = [TargetRunner(checkpoint, page_size=8, max_total_tokens=1024, max_num_seqs=n, aux_layer_ids=AUX,
                             layer_loop=loop) for loop in ("scan", "auto")]
@@ -298,17 +299,26 @@ def test_auto_layer_loop_tunes_decode_steps(checkpoint):
         np.testing.assert_allclose(np.concatenate(a.features), np.concatenate(b.features), atol=TOL, rtol=0)
     wide = [SeqInput([1], len(p), auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
     for seqs, default in ((wide, "switch"), (wide[:2], "scan")):
-        loop, key = auto._tuner.decode_loop(auto._batch(seqs)[0], "greedy", timed=False)
+        loop, key = auto._tuner.choose_loop("sample", auto._batch(seqs)[0], "greedy", timed=False)
         times = auto._tuner.times(key)
         assert len(times["scan"]) >= 3 and len(times["switch"]) >= 3  # 10 steps: 1 + 3 each, then the faster
         assert loop == auto._tuner.best(key) == min(times, key=lambda layout: np.median(times[layout]))
-        assert LayoutTuner().decode_loop(auto._batch(seqs)[0], "greedy", timed=False)[0] == default
+        assert LayoutTuner().choose_loop("sample", auto._batch(seqs)[0], "greedy", timed=False)[0] == default
     assert not _stacked_weight_slices(auto, wide, "switch") and _stacked_weight_slices(auto, wide, "scan")
     two_tokens = [SeqInput([1, 2], len(p) - 1, auto.allocator.page_table(i)) for i, p in enumerate(prompts)]
     ragged = two_tokens[:4] + wide[4:12]  # as many rows as sequence slots (16), but a verify block
     assert auto._batch(ragged)[0].tokens.shape[0] == auto._batch(ragged)[0].kv_lens.shape[0] == n
     for seqs in (two_tokens, ragged):
-        assert auto._tuner.decode_loop(auto._batch(seqs)[0], "greedy", timed=True) == ("scan", None)
+        assert auto._tuner.choose_loop("sample", auto._batch(seqs)[0], "greedy", timed=True) == ("scan", None)
+    # verify steps are tuned too: 10 verifies of two 3-token blocks, the same as the scan's each time
+    blocks = [[SeqInput([5, 6, 7], len(p), r.allocator.page_table(i), "all") for i, p in enumerate(prompts[:2])]
+              for r in runners]
+    for _ in range(10):
+        a, b = scan.verify(blocks[0]), auto.verify(blocks[1])
+        np.testing.assert_array_equal(a.accepted, b.accepted)
+        np.testing.assert_array_equal(a.bonus, b.bonus)
+    key = auto._tuner.choose_loop("verify", auto._batch(blocks[1])[0], "greedy", timed=False, block=3)[1]
+    assert all(len(t) >= 3 for t in auto._tuner.times(key).values())
     assert _stacked_weight_slices(scan, wide, "switch")  # a scan runner has no other layout
     layer_bytes = sum(w.nbytes for w in scan.params["layers"].values())
     assert sum(auto.memory_per_device()["weights"].values()) == sum(scan.memory_per_device()["weights"].values()) + layer_bytes
