@@ -9,6 +9,7 @@ names the other layer loops).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -127,6 +128,20 @@ def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Arr
     return (last @ params["lm_head"].T).astype(jnp.float32)
 
 
+def project(w: dict, x: jax.Array, name: str) -> jax.Array:
+    """x [T, in] @ the layer's weight `name`. Stored out-major (`out_major_layers`: name + "_t",
+    [out, in]) and T <= VOCAB_MAJOR_MAX_ROWS, it is computed as w_t @ x.T behind an
+    optimization barrier and transposed back, the orientation of `final_logits`: XLA:CPU's
+    kernels run the dots of a 1-32-row step 1.2-1.6x faster so (docs/performance.md section 25);
+    wider steps (prefill) take x @ w_t.T, as fast as the [in, out] layout there."""
+    if name in w:
+        return x @ w[name]
+    w_t = w[name + "_t"]
+    if x.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
+        return jax.lax.optimization_barrier(w_t @ x.T).T
+    return x @ w_t.T
+
+
 def _layers(params, config, kv_pool, batch, aux_layer_ids):
     """Embedding and decoder layers: (h [T, H], aux [T, n_aux*H], new_kv [L, T, 2*Hkv, D])."""
     num_layers, num_pages, page_size, num_combined, head_dim = kv_pool.shape
@@ -146,12 +161,13 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
 
     def layer(h, w, index):
+        mm = functools.partial(project, w)
         x = rms_norm(h, w["input_norm"], eps)
-        if "qkv_proj" in w:
-            qkv = x @ w["qkv_proj"]
+        if "qkv_proj" in w or "qkv_proj_t" in w:
+            qkv = mm(x, "qkv_proj")
             q, k, v = qkv[:, :q_dim], qkv[:, q_dim : q_dim + kv_dim], qkv[:, q_dim + kv_dim :]
         else:
-            q, k, v = x @ w["q_proj"], x @ w["k_proj"], x @ w["v_proj"]
+            q, k, v = mm(x, "q_proj"), mm(x, "k_proj"), mm(x, "v_proj")
         q = q.reshape(num_tokens, num_heads, head_dim)
         k = k.reshape(num_tokens, num_kv_heads, head_dim)
         v = v.reshape(num_tokens, num_kv_heads, head_dim)
@@ -174,14 +190,14 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
             query_tile=batch.query_tile,
             loop_to_longest=batch.loop_to_longest,
         )
-        h = h + attn.reshape(num_tokens, q_dim) @ w["o_proj"]
+        h = h + mm(attn.reshape(num_tokens, q_dim), "o_proj")
 
         x = rms_norm(h, w["post_norm"], eps)
-        if "gate_up_proj" in w:
-            gate, up = jnp.split(x @ w["gate_up_proj"], 2, axis=-1)
+        if "gate_up_proj" in w or "gate_up_proj_t" in w:
+            gate, up = jnp.split(mm(x, "gate_up_proj"), 2, axis=-1)
         else:
-            gate, up = x @ w["gate_proj"], x @ w["up_proj"]
-        h = h + (jax.nn.silu(gate) * up) @ w["down_proj"]
+            gate, up = mm(x, "gate_proj"), mm(x, "up_proj")
+        h = h + mm(jax.nn.silu(gate) * up, "down_proj")
         return h, interleave_kv(k, v)
 
     h = params["embed"][batch.tokens]
@@ -266,14 +282,32 @@ def _per_layer(layers) -> list[dict]:
     return [{name: w[i] for name, w in layers.items()} for i in range(num_layers)]
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj", "down_proj")
+
+
+def out_major_layers(params: dict) -> dict:
+    """params with every projection weight [.., in, out] stored transposed, [.., out, in], under
+    name + "_t" (`project`; for a CPU: TargetRunner). Same products, another summation order."""
+
+    def transpose(w: dict) -> dict:
+        return {(f"{k}_t" if k in PROJECTIONS else k): (jnp.swapaxes(v, -1, -2) if k in PROJECTIONS else v)
+                for k, v in w.items()}
+
+    layers = params["layers"]
+    if isinstance(layers, LayerBranches):
+        return {**params, "layers": LayerBranches(transpose(w) for w in layers.layers)}
+    return {**params, "layers": [transpose(w) for w in layers] if isinstance(layers, list) else transpose(layers)}
+
+
 def fuse_projections(params: dict) -> dict:
     """params with q/k/v fused into "qkv_proj" [.., H, q+2kv] and gate/up into "gate_up_proj"
     [.., H, 2I] (fewer, wider matmuls; same numbers up to float summation order)."""
 
     def fuse(w: dict) -> dict:
         w = dict(w)
-        w["qkv_proj"] = jnp.concatenate([w.pop("q_proj"), w.pop("k_proj"), w.pop("v_proj")], axis=-1)
-        w["gate_up_proj"] = jnp.concatenate([w.pop("gate_proj"), w.pop("up_proj")], axis=-1)
+        t, axis = ("_t", -2) if "q_proj_t" in w else ("", -1)  # out-major weights: [.., out, in]
+        w[f"qkv_proj{t}"] = jnp.concatenate([w.pop(f"{n}_proj{t}") for n in "qkv"], axis=axis)
+        w[f"gate_up_proj{t}"] = jnp.concatenate([w.pop(f"gate_proj{t}"), w.pop(f"up_proj{t}")], axis=axis)
         return w
 
     layers = params["layers"]

@@ -96,6 +96,8 @@ class TargetRunner:
         self._loop_to_longest = self._vocab_major_logits = all(d.platform == "cpu" for d in self.kv_pool.devices())
 
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
+        if self._loop_to_longest and self.mesh is None:  # on a CPU: the weights out-major (`model.project`)
+            self.params = model.out_major_layers(self.params)
         # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU

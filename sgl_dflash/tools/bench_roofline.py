@@ -18,6 +18,7 @@ Writes roofline.json and roofline.png; prints a table. Runs unchanged on CPU and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backend import SeqInput, TargetRunner
-from jax_backend.model import LayerBranches, apply_rope, final_logits, rms_norm, rope_cos_sin, unstack_layers
+from jax_backend.model import LayerBranches, apply_rope, final_logits, project, rms_norm, rope_cos_sin, unstack_layers
 
 WARMUP_CALLS = 10  # of ours per step shape: past the layout tuner's exploration (8 steps)
 CASES = [(1, 1), (4, 1), (32, 1), (1, 4), (1, 8), (1, 16), (4, 4), (4, 8), (4, 16)]  # (B, K)
@@ -133,7 +134,9 @@ class DenseJax:
     """`dense_step` with one cache per batch size (contents do not change the cost: zeros)."""
 
     def __init__(self, runner: TargetRunner, max_len: int):
-        self.params, self.config, self.max_len = runner.params, runner.config, max_len
+        layers = runner.params["layers"]  # back to [in, out] where the runner keeps them out-major (a CPU)
+        layers = {k.removesuffix("_t"): jnp.swapaxes(v, -1, -2) if k.endswith("_t") else v for k, v in layers.items()}
+        self.params, self.config, self.max_len = {**runner.params, "layers": layers}, runner.config, max_len
         self.caches: dict[int, tuple[jax.Array, jax.Array]] = {}
         config = runner.config
         self._step = jax.jit(lambda p, kc, vc, t, s: dense_step(p, config, kc, vc, t, s), donate_argnums=(1, 2))
@@ -157,17 +160,18 @@ def dots_step(params, config, h, vocab_major):
     no slicing): when this alone is over a goal's multiple of the roofline, the program around
     the dots cannot meet it."""
     for w in params["layers"]:
-        if "qkv_proj" in w:
-            qkv = h @ w["qkv_proj"]
+        mm = functools.partial(project, w)  # the orientation the runner's steps use
+        if "qkv_proj" in w or "qkv_proj_t" in w:
+            qkv = mm(h, "qkv_proj")
             q, kv = qkv[:, : config.hidden_size], qkv[:, config.hidden_size :]
         else:
-            q, kv = h @ w["q_proj"], jnp.concatenate([h @ w["k_proj"], h @ w["v_proj"]], axis=-1)
-        h = h + q @ w["o_proj"] + 1e-6 * jnp.mean(kv, axis=-1, keepdims=True)
-        if "gate_up_proj" in w:
-            gate, up = jnp.split(h @ w["gate_up_proj"], 2, axis=-1)
+            q, kv = mm(h, "q_proj"), jnp.concatenate([mm(h, "k_proj"), mm(h, "v_proj")], axis=-1)
+        h = h + mm(q, "o_proj") + 1e-6 * jnp.mean(kv, axis=-1, keepdims=True)
+        if "gate_up_proj" in w or "gate_up_proj_t" in w:
+            gate, up = jnp.split(mm(h, "gate_up_proj"), 2, axis=-1)
         else:
-            gate, up = h @ w["gate_proj"], h @ w["up_proj"]
-        h = h + (jax.nn.silu(gate) * up) @ w["down_proj"]
+            gate, up = mm(h, "gate_proj"), mm(h, "up_proj")
+        h = h + mm(jax.nn.silu(gate) * up, "down_proj")
     return final_logits(params, config, h, jnp.arange(h.shape[0]), vocab_major)
 
 
