@@ -71,6 +71,11 @@ class LayoutTuner:
             return
         self._times.setdefault((key, layout), collections.deque(maxlen=self.window)).append(seconds)
 
+    def uncompiled(self, key: Hashable, layout: str) -> list[str]:
+        """The layouts other than `layout` that no step of `key` has run yet (the runner compiles
+        them at a shape's first step, so that exploring later compiles nothing)."""
+        return [other for other in self.layouts if other != layout and (key, other) not in self._compiled]
+
     def best(self, key: Hashable) -> str | None:
         """The layout with the lowest median among those with `trials` times (None: none yet)."""
         medians = {layout: statistics.median(times) for layout in self.layouts

@@ -49,3 +49,11 @@ def test_the_other_layout_is_timed_again_and_wins_when_the_host_changes():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="trials"):
         LayoutTuner(trials=4, window=3)
+
+
+def test_the_layouts_a_shape_has_not_run_are_named_until_they_run():
+    tuner = LayoutTuner()
+    assert tuner.uncompiled("k", "scan") == ["switch"]
+    tuner.observe("k", "switch", 0.0)  # the runner compiles it at the shape's first step
+    assert tuner.uncompiled("k", "scan") == [] and tuner.uncompiled("k", "switch") == ["scan"]
+    assert tuner.times("k") == {"scan": [], "switch": []}  # a compiling step is not a timing
