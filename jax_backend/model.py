@@ -86,7 +86,8 @@ def forward(
       - a list of per-layer dicts (`unstack_layers`): straight-line code ("unrolled"; no loop
         at all, the longest compile; for accelerators).
     Fused "qkv_proj" / "gate_up_proj" weights (`fuse_projections`) replace the separate
-    projections when present.
+    projections when present; a projection stored out-major (name + "_t", `out_major_layers`)
+    runs in the orientation `project` picks.
     Returns (logits [R, V] float32 for rows `batch.logits_indices`,
              aux [T, len(aux_layer_ids) * H] = concat of the OUTPUT of each layer l in
              `aux_layer_ids` (the residual stream after layer l, before any final norm; equal to
@@ -132,7 +133,7 @@ def project(w: dict, x: jax.Array, name: str) -> jax.Array:
     """x [T, in] @ the layer's weight `name`. Stored out-major (`out_major_layers`: name + "_t",
     [out, in]) and T <= VOCAB_MAJOR_MAX_ROWS, it is computed as w_t @ x.T behind an
     optimization barrier and transposed back, the orientation of `final_logits`: XLA:CPU's
-    kernels run the dots of a 1-32-row step 1.2-1.6x faster so (docs/performance.md section 25);
+    kernels run the dots of a 1-32-row step 1.2-1.7x faster so (docs/performance.md section 25);
     wider steps (prefill) take x @ w_t.T, as fast as the [in, out] layout there."""
     if name in w:
         return x @ w[name]

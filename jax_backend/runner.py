@@ -98,7 +98,7 @@ class TargetRunner:
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         if self._loop_to_longest and self.mesh is None:  # on a CPU: the weights out-major (`model.project`)
             self.params = model.out_major_layers(self.params)
-        # The steps' view of the weights; `self.params` keeps the loaded (stacked) layout.
+        # The steps' view of the weights; `self.params` keeps the stacked layout (out-major on a CPU).
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
         self.tune_verify = True  # verify steps too (an adaptive worker, whose shapes are many, turns it off)
