@@ -231,24 +231,23 @@ class TargetRunner:
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
         accepted, bonus, features, self.kv_pool = self._run(
             fn, "verify", batch, mode, self.tune_verify, block_rows, token_rows, drafts, num_drafts,
-            *arrays, draft_probs, key,
+            *arrays, draft_probs, key, block=block,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
     # -- internals --------------------------------------------------------------------------
-    def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args):
+    def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args, block: int = 1):
         """fn(weights, pool, batch, *args) in the layer loop the tuner picks for this step (none:
         the runner's own); a `timed` step is waited for and its seconds go to the tuner. A
         shape's first timed step compiles every layout (running the step once in each, which
         writes the same K/V twice), so that timing them later compiles nothing mid-serving."""
-        block = args[0].shape[1] if kind == "verify" else 1  # verify's block_rows [S, B]
         loop, shape = self._tuner.choose_loop(kind, batch, mode, timed, block) if self._tuner else (self.layer_loop, None)
-        params = lambda loop: self._switch_params if loop == "switch" else self._step_params  # noqa: E731
+        weights = {"switch": self._switch_params}
         for other in self._tuner.uncompiled(shape, loop) if shape is not None and timed else ():
-            self.kv_pool = fn(params(other), self.kv_pool, batch, *args)[-1]
+            self.kv_pool = fn(weights.get(other, self._step_params), self.kv_pool, batch, *args)[-1]
             self._tuner.observe(shape, other, 0.0)  # its compile: not a timing
         start = time.perf_counter()
-        out = fn(params(loop), self.kv_pool, batch, *args)
+        out = fn(weights.get(loop, self._step_params), self.kv_pool, batch, *args)
         if shape is not None and timed:
             jax.block_until_ready(out[0])
             self._tuner.observe(shape, loop, time.perf_counter() - start)

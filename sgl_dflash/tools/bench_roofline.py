@@ -33,7 +33,7 @@ import numpy as np
 from jax_backend import SeqInput, TargetRunner
 from jax_backend.model import LayerBranches, apply_rope, final_logits, project, rms_norm, rope_cos_sin, unstack_layers
 
-WARMUP_CALLS = 10  # of ours per step shape: past the layout tuner's exploration (8 steps)
+WARMUP_CALLS = 10  # of ours per step shape: past the layout tuner's exploration (7 steps)
 CASES = [(1, 1), (4, 1), (32, 1), (1, 4), (1, 8), (1, 16), (4, 4), (4, 8), (4, 16)]  # (B, K)
 
 
