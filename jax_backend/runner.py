@@ -102,6 +102,7 @@ class TargetRunner:
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
         self.tune_verify = True  # verify steps too (an adaptive worker, whose shapes are many, turns it off)
+        self._unread = None  # (shape, layer loop, dispatch time) of a timed step not waited for (`step_read`)
         self._switch_params = self._layout("switch") if self._tuner else self._step_params
 
         def step(params, kv_pool, batch):
@@ -163,7 +164,8 @@ class TargetRunner:
         with per-sequence parameters (as `sampling.sample`: temperature <= 0 is the argmax; the
         same draws for the same key and logits). Only the token ids come back to the host;
         `device_features`: the drafter's features stay on the device too (`SampleOutput`); with
-        `wait=False` the tokens too, unread, so that the caller's host work overlaps the step."""
+        `wait=False` the tokens too, unread, so that the caller's host work overlaps the step (a
+        caller that calls `step_read` once it has read them times the step for the layer loop)."""
         if any(seq.logits != "last" for seq in seqs):
             raise BatchError("sample: every sequence must ask for logits='last'")
         if not (wait or device_features):
@@ -175,7 +177,7 @@ class TargetRunner:
         if mode != "greedy" and key is None:
             raise BatchError("sample: sampling (temperature > 0) needs a key")
         fn = self._jitted(self._sample_steps, mode, steps.sample_step)
-        tokens, aux, self.kv_pool = self._run(fn, "sample", batch, mode, wait, *arrays, key)
+        tokens, aux, self.kv_pool = self._run(fn, "sample", batch, mode, True, *arrays, key, wait=wait)
         tokens = np.asarray(tokens)[: len(seqs)] if wait else tokens  # wait=False: unread, on the device
         if device_features:
             return SampleOutput(tokens, device_features=self.hidden_state_features(aux))
@@ -236,11 +238,23 @@ class TargetRunner:
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
     # -- internals --------------------------------------------------------------------------
-    def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args, block: int = 1):
+    def step_read(self) -> None:
+        """The caller has read the outputs of its last `sample(wait=False)` step: the seconds since
+        it was dispatched (the caller's host work in between included, the same for either
+        layout) go to the layer-loop tuner. A step dispatched unwaited and never reported is not
+        timed (the next step's dispatch drops it)."""
+        if self._unread is not None:
+            shape, loop, start = self._unread
+            self._tuner.observe(shape, loop, time.perf_counter() - start)
+            self._unread = None
+
+    def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args, block: int = 1, wait: bool = True):
         """fn(weights, pool, batch, *args) in the layer loop the tuner picks for this step (none:
-        the runner's own); a `timed` step is waited for and its seconds go to the tuner. A
-        shape's first timed step compiles every layout (running the step once in each, which
-        writes the same K/V twice), so that timing them later compiles nothing mid-serving."""
+        the runner's own); a `timed` step's seconds go to the tuner: now if `wait` (it is waited
+        for), else when the caller reports it read the outputs (`step_read`). A shape's first
+        timed step compiles every layout (running the step once in each, which writes the same
+        K/V twice), so that timing them later compiles nothing mid-serving."""
+        self._unread = None
         loop, shape = self._tuner.choose_loop(kind, batch, mode, timed, block) if self._tuner else (self.layer_loop, None)
         weights = {"switch": self._switch_params}
         for other in self._tuner.uncompiled(shape, loop) if shape is not None and timed else ():
@@ -248,9 +262,11 @@ class TargetRunner:
             self._tuner.observe(shape, other, 0.0)  # its compile: not a timing
         start = time.perf_counter()
         out = fn(weights.get(loop, self._step_params), self.kv_pool, batch, *args)
-        if shape is not None and timed:
+        if shape is not None and timed and wait:
             jax.block_until_ready(out[0])
             self._tuner.observe(shape, loop, time.perf_counter() - start)
+        elif shape is not None and timed:
+            self._unread = (shape, loop, start)
         return out
 
     def _jitted(self, cache: dict, mode: str, body: Callable, **static) -> Callable:

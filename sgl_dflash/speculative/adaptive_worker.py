@@ -49,6 +49,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy = AdaptivePolicy(self.block_size - 1)
         # Verify steps keep the runner's scan: a second layout per shape (jax_backend.layout_tuner)
         # would compile mid-serving for each of the dozens of shapes the policy uses (not measured).
+        # Plain steps are NONE's decode steps and are tuned as NONE's are (`step_read`).
         self.runner.tune_verify = False
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2
@@ -138,6 +139,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.proposer.commit_block(slots, accepted, features)
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         new_bonus = np.asarray(new_bonus)[:n]
+        if not verified.any():
+            self.runner.step_read()  # the plain step's time, host work overlapped, to the layer-loop tuner
         t3 = time.perf_counter()
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus

@@ -96,10 +96,13 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                 policy.cost.compiled_verify.add(shape)
                 bar.update()
             for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
-                # not waited for, as the worker's plain steps: an untimed step compiles one layer loop
+                # as the worker's: not waited for, then reported read (its first step compiles
+                # every layer loop the runner's tuner times)
                 out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
                                     device_features=True, wait=False)
                 worker.plain_block(out.device_features)
+                np.asarray(out.tokens)
+                runner.step_read()
                 bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)

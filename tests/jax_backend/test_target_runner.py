@@ -115,7 +115,7 @@ def test_long_prefix_steps_visit_only_the_chunks_they_need_and_match_transformer
         np.testing.assert_allclose(every, stopped, atol=1e-6, rtol=0)
 
 
-def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
+def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf, monkeypatch):
     """`sample(device_features=True)`: the same tokens, and the features of every sequence's
     token as rows of one device array (padding rows after them), equal to the host ones."""
     prompts = [_ids(40, 9), _ids(41, 14), _ids(42, 5)]
@@ -132,6 +132,17 @@ def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf):
     assert isinstance(dispatched.tokens, jax.Array) and np.asarray(dispatched.tokens)[:3].tolist() == host.tokens.tolist()
     with pytest.raises(BatchError, match="wait=False"):
         runner.sample(seqs, *greedy, wait=False)
+    # a step not waited for is timed for the layer-loop tuner once the caller reports it read
+    timed = []
+    monkeypatch.setattr(runner._tuner, "observe", lambda key, loop, seconds: timed.append((key, loop)))
+    runner.sample(seqs, *greedy, device_features=True, wait=False)  # never reported: not timed
+    assert timed == []
+    later = runner.sample(seqs, *greedy, device_features=True, wait=False)
+    np.asarray(later.tokens)
+    runner.step_read()
+    runner.step_read()  # once per step
+    key = runner._tuner.choose_loop("sample", runner._batch(seqs)[0], "greedy", timed=False)[1]
+    assert [k for k, _ in timed] == [key] and timed[0][1] in ("scan", "switch")
     for i in range(len(prompts)):
         runner.allocator.free(i)
 

@@ -105,7 +105,8 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
 def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, none_engine, spec_prompts, monkeypatch):
     """A step that verifies no draft knows its outcome (nothing accepted) before the target's
     step ends: the drafter's commit and the policy's learning are dispatched before its tokens
-    are read (read earlier, that host work added ~1 ms to every plain step at one request)."""
+    are read (read earlier, that host work added ~1 ms to every plain step at one request). Once
+    read, the step is reported to the runner, whose layer-loop tuner times it as NONE's steps."""
     worker, events = adaptive_engine.scheduler.worker, []
     monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots: DraftPlan(np.zeros(len(slots), bool), 0))
 
@@ -122,13 +123,21 @@ def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, no
         return dataclasses.replace(out, tokens=Tokens(out.tokens)) if kwargs.get("wait") is False else out
 
     monkeypatch.setattr(worker.runner, "sample", sample)
-    for obj, name in ((worker.proposer, "commit_block"), (worker.policy, "observe")):
+    for obj, name in ((worker.proposer, "commit_block"), (worker.policy, "observe"), (worker.runner, "step_read")):
         monkeypatch.setattr(obj, name, _logged(getattr(obj, name), events, name))
+    timed = []
+
+    def observe(key, loop, seconds, observe=worker.runner._tuner.observe):
+        timed.append((key[0], seconds))  # 0.0: the other layer loop's compile at a shape's first step
+        observe(key, loop, seconds)
+
+    monkeypatch.setattr(worker.runner._tuner, "observe", observe)
     params = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
     out = adaptive_engine.generate(input_ids=spec_prompts[0], sampling_params=params)
     assert out["output_ids"] == none_engine.generate(input_ids=spec_prompts[0], sampling_params=params)["output_ids"]
-    steps = [events[i : i + 3] for i in range(0, len(events), 3)]
-    assert len(steps) == 5 and all(step == ["commit_block", "observe", "read"] for step in steps)
+    steps = [events[i : i + 4] for i in range(0, len(events), 4)]
+    assert len(steps) == 5 and all(step == ["commit_block", "observe", "read", "step_read"] for step in steps)
+    assert [kind for kind, seconds in timed if seconds > 0] == ["sample"] * 5  # one per plain step
 
 
 @pytest.mark.parametrize("kind", ["NONE", "adaptive"])
