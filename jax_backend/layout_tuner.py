@@ -53,38 +53,16 @@ class LayoutTuner:
                 return layout
         return self.best(key) or default
 
-    @property
-    def steps_to_choose(self) -> int:
-        """Timed steps of a new shape before its layout is chosen (compiling + `trials` each)."""
-        return 1 + self.trials * len(self.layouts)
-
     def choose_loop(self, kind: str, batch, mode: str, timed: bool, block: int = 1) -> tuple[str, tuple | None]:
         """(layer loop, key) of a TargetRunner step of `kind` ("sample" | "verify": blocks of
         `block` rows) over `batch` (`jax_backend.batch.Batch`) in sampling `mode`, keyed by its
         compiled shape. A "sample" step of more than one token per sequence is not a decode step:
-        the scan (key None).
-
-        A verify step that is not timed runs what a greedy decode step of its sequences at its
-        page-table width runs: the layouts differ by the scan's weight copies, the same bytes
-        whatever the rows (docs/performance.md section 24: a verify of 4 x 4 rows and a decode of
-        1 ran the switch at 0.77 and 0.74-0.83 of the scan's step on the same host). Once it ran
-        in one layout (`ran`), it stays there while the decode step's choice differs, so that a
-        change of the decode step's mind compiles nothing mid-serving."""
+        the scan (key None)."""
         if kind == "sample" and batch.max_q_len != 1:
             return "scan", None
-        seqs = batch.kv_lens.shape[0]
         key = (kind, mode, batch.tokens.shape[0], batch.page_indices.shape, batch.max_q_len, block)
-        default = "switch" if kind == "sample" and seqs >= AUTO_SWITCH_SEQS else "scan"
-        if kind == "verify" and not timed:
-            decode = ("sample", "greedy", seqs, batch.page_indices.shape, 1, 1)
-            preferred = self.best(decode) or ("switch" if seqs >= AUTO_SWITCH_SEQS else "scan")
-            ran = [layout for layout in self.layouts if (key, layout) in self._compiled]
-            return (preferred if not ran or preferred in ran else ran[0]), key
+        default = "switch" if kind == "sample" and batch.kv_lens.shape[0] >= AUTO_SWITCH_SEQS else "scan"
         return self.choose(key, default, timed), key
-
-    def ran(self, key: Hashable, layout: str) -> None:
-        """An untimed step of `key` ran `layout` (so it is compiled)."""
-        self._compiled.add((key, layout))
 
     def observe(self, key: Hashable, layout: str, seconds: float) -> None:
         """A timed step of `key` ran `layout` in `seconds` (a layout's first step compiled it)."""

@@ -101,9 +101,7 @@ class TargetRunner:
         # The steps' view of the weights; `self.params` keeps the stacked layout (out-major on a CPU).
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
-        # Verify steps are timed per shape too; an adaptive worker, whose shapes are many, turns
-        # it off: its verify steps then run the loop chosen for the decode step of their batch.
-        self.tune_verify = True
+        self.tune_verify = True  # verify steps too (an adaptive worker, whose shapes are many, turns it off)
         self._unread = None  # (shape, layer loop, dispatch time) of a timed step not waited for (`step_read`)
         self._switch_params = self._layout("switch") if self._tuner else self._step_params
 
@@ -239,12 +237,7 @@ class TargetRunner:
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
-    @property
-    def steps_to_choose_loop(self) -> int:
-        """Timed steps a new decode shape runs before the layer-loop tuner has chosen its loop
-        (1 without a tuner)."""
-        return self._tuner.steps_to_choose if self._tuner else 1
-
+    # -- internals --------------------------------------------------------------------------
     def step_read(self) -> None:
         """The caller has read the outputs of its last `sample(wait=False)` step: the seconds since
         it was dispatched (the caller's host work in between included, the same for either
@@ -255,7 +248,6 @@ class TargetRunner:
             self._tuner.observe(shape, loop, time.perf_counter() - start)
             self._unread = None
 
-    # -- internals --------------------------------------------------------------------------
     def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args, block: int = 1, wait: bool = True):
         """fn(weights, pool, batch, *args) in the layer loop the tuner picks for this step (none:
         the runner's own); a `timed` step's seconds go to the tuner: now if `wait` (it is waited
@@ -275,8 +267,6 @@ class TargetRunner:
             self._tuner.observe(shape, loop, time.perf_counter() - start)
         elif shape is not None and timed:
             self._unread = (shape, loop, start)
-        elif shape is not None:
-            self._tuner.ran(shape, loop)
         return out
 
     def _jitted(self, cache: dict, mode: str, body: Callable, **static) -> Callable:

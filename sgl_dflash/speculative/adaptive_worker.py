@@ -47,9 +47,9 @@ class AdaptiveDFlashWorker(DFlashWorker):
     def __init__(self, server_args: Any):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
-        # Plain steps are NONE's decode steps, and the runner's layer-loop tuner times them as
-        # NONE's (`step_read`). Verify steps are not timed per shape (a second layout for each of
-        # the dozens the policy uses would compile mid-serving): they run the decode step's loop.
+        # Verify steps keep the runner's scan: a second layout per shape (jax_backend.layout_tuner)
+        # would compile mid-serving for each of the dozens of shapes the policy uses (not measured).
+        # Plain steps are NONE's decode steps and are tuned as NONE's are (`step_read`).
         self.runner.tune_verify = False
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2

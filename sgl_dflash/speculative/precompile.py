@@ -54,9 +54,8 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     prefix lengths, one per target context bucket), every verify shape with the drafter's commit
     of its features (the pending-row write; per batch bucket also the flush that plain steps in a
     row end in), every draft program (batch bucket x draft block; in the first bucket at both
-    drafter windows) and, per batch bucket first, the greedy sampling program that steps verifying
-    no draft run, timed in each layer loop (the verify steps run the faster); the policy's cost
-    model learns they are compiled."""
+    drafter windows) and, per batch bucket, the greedy sampling program that steps verifying no
+    draft run; the policy's cost model learns they are compiled."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
@@ -76,16 +75,6 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
             # tokens): there, drafts run for the `context` prefix and for a short one too.
             short = context == contexts[0] and context > proposer.min_read_len // 2
             drafts = set(all_drafts)
-            for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
-                # as the worker's (not waited for, then reported read), until the runner's tuner has
-                # chosen its layer loop: the verify steps of n sequences compile below in that loop
-                for _ in range(runner.steps_to_choose_loop):
-                    out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
-                                        device_features=True, wait=False)
-                    worker.plain_block(out.device_features)
-                    np.asarray(out.tokens)
-                    runner.step_read()
-                bar.update()
             for shape in shapes:
                 lens = _lens_for(*shape, block)
                 start = time.perf_counter()
@@ -105,6 +94,15 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                         policy.cost.drafts_compiled_at(window).add((shape[0], b))
                     bar.update()
                 policy.cost.compiled_verify.add(shape)
+                bar.update()
+            for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
+                # as the worker's: not waited for, then reported read (its first step compiles
+                # every layer loop the runner's tuner times)
+                out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
+                                    device_features=True, wait=False)
+                worker.plain_block(out.device_features)
+                np.asarray(out.tokens)
+                runner.step_read()
                 bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)

@@ -3,9 +3,6 @@ the others timed again every `recheck_every` steps."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
 import pytest
 
 from jax_backend.layout_tuner import LayoutTuner
@@ -60,32 +57,3 @@ def test_the_layouts_a_shape_has_not_run_are_named_until_they_run():
     tuner.observe("k", "switch", 0.0)  # the runner compiles it at the shape's first step
     assert tuner.uncompiled("k", "scan") == [] and tuner.uncompiled("k", "switch") == ["scan"]
     assert tuner.times("k") == {"scan": [], "switch": []}  # a compiling step is not a timing
-
-
-class Batch(NamedTuple):  # the fields of jax_backend.batch.Batch that choose_loop reads
-    tokens: np.ndarray
-    kv_lens: np.ndarray
-    page_indices: np.ndarray
-    max_q_len: int
-
-
-def test_an_untimed_verify_step_runs_its_decode_steps_loop_and_stays_where_it_compiled():
-    tuner = LayoutTuner(trials=2, recheck_every=1000)
-    decode, verify = Batch(np.zeros(4), np.zeros(4), np.zeros((4, 16)), 1), Batch(np.zeros(16), np.zeros(4), np.zeros((4, 16)), 8)
-    assert tuner.choose_loop("verify", verify, "greedy", timed=False)[0] == "scan"  # nothing measured: the default
-    assert tuner.steps_to_choose == 5
-    for _ in range(tuner.steps_to_choose):  # the decode step of the same 4 sequences: the switch is faster
-        loop, key = tuner.choose_loop("sample", decode, "greedy", timed=True)
-        for other in tuner.uncompiled(key, loop):  # as the runner: the first step compiles both
-            tuner.observe(key, other, 0.0)
-        tuner.observe(key, loop, {"scan": 2.0, "switch": 1.0}[loop])
-    loop, key = tuner.choose_loop("verify", verify, "greedy", timed=False)
-    assert loop == "switch" and key[0] == "verify"
-    tuner.ran(key, loop)
-    other_width = Batch(np.zeros(16), np.zeros(4), np.zeros((4, 32)), 8)  # another page width: not measured
-    assert tuner.choose_loop("verify", other_width, "greedy", timed=False)[0] == "scan"
-    for _ in range(4):  # the host changes and the decode step now prefers the scan ...
-        tuner.observe(tuner.choose_loop("sample", decode, "greedy", timed=False)[1], "switch", 3.0)
-    assert tuner.best(("sample", "greedy", 4, (4, 16), 1, 1)) == "scan"
-    # ... but the verify shape compiled in the switch stays there (no compile mid-serving)
-    assert tuner.choose_loop("verify", verify, "greedy", timed=False)[0] == "switch"
