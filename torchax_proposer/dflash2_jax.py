@@ -15,11 +15,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torchax
 from torchax.interop import jax_view, torch_view
 
 from .dflash2 import DFlash2DraftModel
-from .jax_drafter import Cache, Params, call_model, draft_hidden
+from .jax_drafter import Cache, Params, call_model, draft_hidden, lowering
 
 SELECTOR = "candidate_selector."
 
@@ -69,7 +68,7 @@ def select_path(
     token_map: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """`DFlash2DraftModel.propose` on JAX values: hidden [n, P, H] -> (path, candidates, q)."""
-    with torchax.default_env():
+    with lowering():
         logits = jax_view(model.compute_logits(torch_view(hidden), torch_view(lm_head.astype(hidden.dtype))))
     gumbel = None
     if temperatures is not None:

@@ -12,7 +12,9 @@ programs.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import contextlib
+import math
+from typing import Any, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 import torchax
 from torchax.interop import jax_view, torch_view
+from torchax.ops import ops_registry
 
 from .model import DFlashDraftModel
 
@@ -45,9 +48,49 @@ def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len
     return [zeros() for _ in model.layers], [zeros() for _ in model.layers]
 
 
+# On a CPU, a projection of at most this many rows runs weight-first (`_few_row_linear`).
+FEW_ROWS = 64
+
+
+def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """F.linear (x @ W.T, W [out, in] as torch stores it) for XLA:CPU: up to FEW_ROWS rows as
+    (W @ x.T).T, the weight the dot's left operand, behind an optimization barrier that keeps XLA
+    from turning it back. XLA:CPU's few-row dots read a right-hand weight at 4-9 GB/s (docs/
+    performance.md section 23); weight-first, `propose` at batch 1 ran 0.67-0.79x as long, the
+    same drafts (section 26; the target's projections do the same, `jax_backend.model.project`)."""
+    rows = math.prod(x.shape[:-1])
+    if rows > FEW_ROWS:
+        y = x @ weight.T
+    else:
+        y = jax.lax.optimization_barrier(weight @ x.reshape(rows, x.shape[-1]).T).T
+        y = y.reshape(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+@contextlib.contextmanager
+def lowering() -> Iterator[None]:
+    """torchax's default environment, with F.linear lowered by `_few_row_linear` on a CPU while
+    the drafter is traced (restored after: other torchax code in the process is left alone)."""
+    env = torchax.default_env()
+    if jax.default_backend() != "cpu":
+        with env:
+            yield
+        return
+    keys = (torch.nn.functional.linear, torch.ops.aten.linear)
+    saved = {key: env._ops[key] for key in keys}  # torchax keeps its lowerings in this dict
+    for key in keys:
+        env._ops[key] = ops_registry.Operator(key, _few_row_linear, is_jax_function=True, is_user_defined=True,
+                                              needs_env=False, is_view_op=False)
+    try:
+        with env:
+            yield
+    finally:
+        env._ops.update(saved)
+
+
 def call_model(model: torch.nn.Module, params: Params, *args: Any, **kwargs: Any) -> Any:
     """Runs the torch module on JAX values (inside a trace) and returns JAX values."""
-    with torchax.default_env():
+    with lowering():
         out = torch.func.functional_call(model, torch_view(params), torch_view(args), torch_view(kwargs))
     return jax_view(out)
 
@@ -134,7 +177,7 @@ def draft_block(
         model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
         read_len=read_len, pending_rows=pending_rows,
     )
-    with torchax.default_env():
+    with lowering():
         logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(hidden.dtype)))
     logits = jax_view(logits).astype(jnp.float32)
     tokens, confidence = greedy_drafts(logits)
@@ -197,7 +240,7 @@ def draft_hidden(
     past_kv = [(k[slots, :read_len], v[slots, :read_len]) for k, v in zip(k_cache, v_cache)]
     key_valid = jnp.arange(read_len)[None, :] < committed[:, None]
     no_rows = jnp.zeros((batch, 0, features.shape[2]), dtype)  # every context row is in past_kv
-    with torchax.default_env():
+    with lowering():
         noise = model.embed_block(torch_view(block_ids), torch_view(embed.astype(dtype)))
     hidden, _ = call_model(
         model,

@@ -11,7 +11,8 @@ import torch
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft, single_torch_thread  # noqa: F401
 from torchax_proposer import load_draft_model
-from torchax_proposer.jax_drafter import call_model, model_params
+from torchax_proposer import jax_drafter
+from torchax_proposer.jax_drafter import _few_row_linear, call_model, model_params
 from torchax_proposer.model import attend
 
 TARGET = dict(hidden_size=64, vocab_size=256, num_hidden_layers=4)
@@ -136,3 +137,27 @@ def lowered_attend(q, segments, mask):
 
     with torchax.default_env():
         return jax_view(attend(torch_view(q), torch_view(segments), torch_view(mask), 0.3))
+
+
+def test_few_row_projections_run_weight_first_on_a_cpu_and_torchax_is_left_as_it_was(drafter, monkeypatch):
+    """On a CPU every nn.Linear of at most FEW_ROWS rows lowers to (W @ x.T).T behind an
+    optimization barrier (XLA:CPU reads the weight faster as the dot's left operand; same values,
+    `test_eager_equals_torchax_jit`); wider inputs keep x @ W.T; torchax's own lowering of
+    F.linear is back once the drafter's trace is done."""
+    import torchax
+
+    env = torchax.default_env()
+    before = env._ops[torch.nn.functional.linear]
+    inputs, _, _ = padded_inputs(drafter)
+    as_jax = jax.tree_util.tree_map(lambda t: jnp.asarray(t.numpy()), inputs)
+    params = model_params(drafter)
+    calls = []  # the F.linear calls the trace lowers (some modules run twice: context and block rows)
+    monkeypatch.setattr(jax_drafter, "_few_row_linear", lambda x, w, b=None: calls.append(x.shape) or _few_row_linear(x, w, b))
+    few = jax.make_jaxpr(lambda p, kw: call_model(drafter, p, **kw))(params, as_jax)
+    assert len(calls) >= sum(isinstance(m, torch.nn.Linear) for m in drafter.modules())
+    assert str(few).count("optimization_barrier") == len(calls)  # 3 sequences x 8 rows: all weight-first
+    assert env._ops[torch.nn.functional.linear] is before
+    wide = jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * 3) if x.ndim else x, as_jax)  # 9 x 8 rows
+    assert "optimization_barrier" not in str(jax.make_jaxpr(lambda p, kw: call_model(drafter, p, **kw))(params, wide))
+    x, w, b = (jnp.asarray(np.random.default_rng(0).standard_normal(s), jnp.float32) for s in ((2, 5, 16), (24, 16), (24,)))
+    np.testing.assert_allclose(np.asarray(_few_row_linear(x, w, b)), np.asarray(x @ w.T + b), atol=1e-5, rtol=0)
