@@ -1,5 +1,5 @@
 """A/B in propose (SmolLM2-135M drafter, token map, 300-row contexts): the drafter's nn.Linear lowered weight-first (jax_drafter.FEW_ROWS = 64, the default) vs x @ W.T (FEW_ROWS = 0),
-dot's lhs, the target's out-major form) for <= 64 rows vs torchax's x @ W.T; interleaved pairs."""
+interleaved pairs; each variant traced into its own JittedDrafter. Kept as run (2026-11-29)."""
 import json, time, sys, numpy as np, jax, jax.numpy as jnp, torch, torchax
 from torchax import ops
 from torchax.ops import ops_registry
