@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from typing import Any, Iterator, NamedTuple
 
 import jax
@@ -50,6 +51,7 @@ def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len
 
 # On a CPU, a projection of at most this many rows runs weight-first (`_few_row_linear`).
 FEW_ROWS = 64
+_LOWERING = threading.RLock()
 
 
 def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
@@ -77,15 +79,16 @@ def lowering() -> Iterator[None]:
             yield
         return
     keys = (torch.nn.functional.linear, torch.ops.aten.linear)
-    saved = {key: env._ops[key] for key in keys}  # torchax keeps its lowerings in this dict
-    for key in keys:
-        env._ops[key] = ops_registry.Operator(key, _few_row_linear, is_jax_function=True, is_user_defined=True,
-                                              needs_env=False, is_view_op=False)
-    try:
-        with env:
-            yield
-    finally:
-        env._ops.update(saved)
+    with _LOWERING:  # one thread at a time swaps the shared environment's lowering
+        saved = {key: env._ops[key] for key in keys}  # torchax keeps its lowerings in this dict
+        for key in keys:
+            env._ops[key] = ops_registry.Operator(key, _few_row_linear, is_jax_function=True, is_user_defined=True,
+                                                  needs_env=False, is_view_op=False)
+        try:
+            with env:
+                yield
+        finally:
+            env._ops.update(saved)
 
 
 def call_model(model: torch.nn.Module, params: Params, *args: Any, **kwargs: Any) -> Any:
