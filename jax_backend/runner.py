@@ -237,7 +237,6 @@ class TargetRunner:
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
-    # -- internals --------------------------------------------------------------------------
     def step_read(self) -> None:
         """The caller has read the outputs of its last `sample(wait=False)` step: the seconds since
         it was dispatched (the caller's host work in between included, the same for either
@@ -248,6 +247,7 @@ class TargetRunner:
             self._tuner.observe(shape, loop, time.perf_counter() - start)
             self._unread = None
 
+    # -- internals --------------------------------------------------------------------------
     def _run(self, fn: Callable, kind: str, batch, mode: str, timed: bool, *args, block: int = 1, wait: bool = True):
         """fn(weights, pool, batch, *args) in the layer loop the tuner picks for this step (none:
         the runner's own); a `timed` step's seconds go to the tuner: now if `wait` (it is waited

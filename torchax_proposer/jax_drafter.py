@@ -58,7 +58,7 @@ def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = No
     """F.linear (x @ W.T, W [out, in] as torch stores it) for XLA:CPU: up to FEW_ROWS rows as
     (W @ x.T).T, the weight the dot's left operand, behind an optimization barrier that keeps XLA
     from turning it back. XLA:CPU's few-row dots read a right-hand weight at 4-9 GB/s (docs/
-    performance.md section 23); weight-first, `propose` at batch 1 ran 0.67-0.79x as long, the
+    performance.md section 23); weight-first, `propose` at batch 1 ran 0.70-0.76x as long, the
     same drafts (section 26; the target's projections do the same, `jax_backend.model.project`)."""
     rows = math.prod(x.shape[:-1])
     if rows > FEW_ROWS:
