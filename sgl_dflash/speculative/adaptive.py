@@ -40,6 +40,7 @@ block of k_i + 1 tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -200,6 +201,10 @@ class AdaptivePolicy:
         self.probe_slack = probe_slack
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
+        # False when the process is near its limit of compiled programs (jax_backend.compiled_memory,
+        # set by the worker): a drafted shape or draft program never compiled is then out of reach,
+        # so that exploring cannot kill the server. Plain steps still compile: a request needs them.
+        self.may_compile = True
         self.requests: dict[int, RequestState] = {}
         self.steps = 0
 
@@ -306,12 +311,18 @@ class AdaptivePolicy:
 
     def shape_cost(self, shape: tuple[int, int, int]) -> float:
         """Seconds of a verify step of this (S, T, Q) shape, as the choice sees it (`_explored`)."""
-        seconds = self._explored(self.cost.verify(shape), self.cost.fresh("verify", shape), shape in self.cost.compiled_verify)
+        compiled = shape in self.cost.compiled_verify
+        if not (compiled or self.may_compile or shape[2] == 1):  # Q = 1: the plain step
+            return math.inf
+        seconds = self._explored(self.cost.verify(shape), self.cost.fresh("verify", shape), compiled)
         return self.cost.overhead + seconds
 
     def draft_cost(self, batch: int, block: int) -> float:
         key = (bucket(batch), block)
-        return self._explored(self.cost.draft(batch, block), self.cost.fresh("draft", key), key in self.cost.compiled_draft)
+        compiled = key in self.cost.compiled_draft
+        if not (compiled or self.may_compile):
+            return math.inf
+        return self._explored(self.cost.draft(batch, block), self.cost.fresh("draft", key), compiled)
 
     def _explored(self, seconds: float, measured: bool, compiled: bool) -> float:
         """A prediction as the choice sees it: on exploration steps, a program not measured

@@ -18,6 +18,7 @@ Greedy output stays the target's own; sampling stays lossless (k_i reads q, neve
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
@@ -25,13 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import SeqInput, sampling
+from jax_backend import SeqInput, compiled_memory, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.model_executor.forward_batch_info import GenerationBatchResult, ModelWorkerBatch, SamplingBatchInfo
 from sgl_dflash.speculative import precompile
 from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy
 from sgl_dflash.speculative.cost_model import step_shape
 from sgl_dflash.speculative.dflash_worker import DFlashWorker, _draw
+
+logger = logging.getLogger(__name__)
 
 
 @jax.jit
@@ -62,6 +65,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         contexts = [c for c in precompile.SWEPT_CONTEXTS if c + self.block_size <= room]
         if not server_args.disable_precompile and contexts:
             precompile.sweep(self, contexts=contexts)
+        self._check_program_room()
 
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         result = super().forward_extend(batch)  # the drafter's ingest runs on behind the host
@@ -150,6 +154,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
                                      draft_block=block)
         else:  # a step that compiled measures the compiler
             self.policy.cost.compiled(shape, len(rows), block, t4 - t0)
+            self._check_program_room()
         # "verify" holds the commit and the learning too (on a plain step they overlap it)
         for phase, seconds in (("draft", t2 - t0), ("verify", t3 - t2), ("commit", t4 - t3)):
             self.timings[phase] += seconds
@@ -178,6 +183,17 @@ class AdaptiveDFlashWorker(DFlashWorker):
         32: the first plain steps read 351 ms against ~180 after the prompts' ingest), and the
         policy took plain steps for dearer than they are."""
         jax.block_until_ready((self.proposer.k_cache, self.proposer.pending))
+
+    def _check_program_room(self) -> None:
+        """Stops the policy from compiling drafted programs near the process's mapping limit
+        (jax_backend.compiled_memory): what is compiled keeps serving, a compile past it kills."""
+        room = compiled_memory.program_room()
+        may_compile = room is None or room > precompile.SERVING_PROGRAMS
+        if self.policy.may_compile and not may_compile:
+            logger.warning("room for %s more compiled programs (vm.max_map_count=%s): the adaptive policy "
+                           "keeps to the programs compiled so far; raise vm.max_map_count to let it compile more",
+                           room, compiled_memory.map_limit())
+        self.policy.may_compile = may_compile
 
     def _compilations(self) -> int:
         """Programs compiled so far by anything a decode step runs (a step that compiled is not a

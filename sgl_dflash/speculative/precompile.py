@@ -18,6 +18,7 @@ still compile when first met (the policy knows which: `CostModel.at`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,13 +26,20 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from jax_backend import SeqInput
+from jax_backend import SeqInput, compiled_memory
 from jax_backend.batch import bucket
 from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, step_shape
 
 
 # A cached prefix in each of the target's first context buckets (3/4 of 256 and 512 tokens).
 SWEPT_CONTEXTS = (192, 384)
+# Programs left room for after the sweep (jax_backend.compiled_memory): prefill chunks, sampling,
+# plain steps and drafted shapes at longer contexts. A context is swept only if this much room
+# stays after it; with Linux's default limit one engine sweeps both contexts, a second adaptive
+# engine in the same process none.
+SERVING_PROGRAMS = 64
+
+logger = logging.getLogger(__name__)
 
 _SWEEP_ID = "precompile"
 _SHORT_ID = ("precompile", "short")
@@ -60,12 +68,21 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
     all_drafts = {(rows, b) for rows in _powers_up_to(bucket(proposer.max_num_seqs)) for b in policy.blocks}
+    plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))
+    per_context = len(shapes) + len(all_drafts) + len(plain_batches)
+    room = compiled_memory.program_room()
+    if room is not None and room < len(contexts) * per_context + SERVING_PROGRAMS:
+        kept = max(0, (room - SERVING_PROGRAMS) // per_context)
+        logger.warning("room for %d more compiled programs (vm.max_map_count=%s): precompiling %d of %d "
+                       "contexts; the rest compile when first met", room, compiled_memory.map_limit(),
+                       kept, len(contexts))
+        contexts = contexts[:kept]
+    if not contexts:
+        return
     # One real page table shared by every dummy sequence (their garbage K/V land in pages that are
     # freed afterwards; a sequence never reads a position it has not written).
     pages = worker.allocator.allocate(_SWEEP_ID, max(contexts) + block)
-    plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))
-    bar = tqdm(total=len(contexts) * (len(shapes) + len(all_drafts) + len(plain_batches)),
-               desc="precompiling adaptive steps", disable=not progress)
+    bar = tqdm(total=len(contexts) * per_context, desc="precompiling adaptive steps", disable=not progress)
     try:
         _drafter_prefills(proposer)
         for context in contexts:

@@ -270,6 +270,24 @@ def test_a_long_running_server_explores_a_shape_never_compiled():
     assert policy.plan_drafts(range(4)).block == 8  # measured: no better
 
 
+def test_near_the_mapping_limit_nothing_new_is_compiled():
+    """jax_backend.compiled_memory: past the process's room for programs, a compile would kill the
+    server, so a shape or draft program never compiled is out of reach, exploring or not; the
+    compiled ones keep serving, and the plain step (a request needs it) stays priced."""
+    policy = exploring_policy(compile_s=1.0)
+    policy.cost.compiled_verify.discard((4, 16, 4))
+    policy.cost.compiled_draft.discard((4, 4))
+    policy.steps = 4000
+    policy.cost._steps_at[policy.cost.width] = 4000
+    policy.may_compile = False
+    assert [policy.plan_drafts(range(4)).block for _ in range(8)] == [8] * 8  # the explorations kept to 8
+    assert policy.shape_cost((4, 16, 4)) == float("inf") and policy.draft_cost(4, 4) == float("inf")
+    policy.cost.compiled_verify.discard((8, 8, 1))
+    assert policy.shape_cost((8, 8, 1)) < float("inf")  # a plain step of a new batch still compiles
+    policy.may_compile = True
+    assert [policy.plan_drafts(range(4)).block for _ in range(4)] == [8, 8, 8, 4]
+
+
 def test_request_bias_follows_its_outcomes():
     policy = AdaptivePolicy(num_drafts=3)
     policy.add(7)

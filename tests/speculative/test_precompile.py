@@ -1,8 +1,11 @@
 """The adaptive worker's startup sweep (speculative/precompile.py): it covers every shape the
 policy can choose, and afterwards serving in the first context bucket compiles nothing."""
 
+import logging
+
 import numpy as np
 
+from jax_backend import compiled_memory
 from jax_backend.batch import bucket
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.speculative.cost_model import step_shape
@@ -98,3 +101,30 @@ def test_the_cost_model_knows_what_is_compiled_past_the_first_context_bucket(eng
     assert len(widths) == 2  # the contexts crossed into the second bucket
     assert [s for s in steps if s[1] and s[2]] == []  # nothing taken as compiled compiled
     assert [s for s in steps if s[0] == max(widths) and s[2]]  # past the sweep, steps do compile
+
+
+def test_sweep_and_policy_keep_within_the_room_for_programs(engine_kwargs, trained_draft_dir, spec_prompts,
+                                                            none_engine, monkeypatch, caplog):
+    """Near vm.max_map_count a compile kills the process (jax_backend.compiled_memory): the sweep
+    leaves out the contexts that do not fit with room to serve, and the policy stops compiling
+    drafted programs, saying so; the engine keeps serving exactly."""
+    engine = Engine(**{**engine_kwargs, "max_running_requests": 4}, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=trained_draft_dir, speculative_num_draft_tokens=4,
+                    speculative_adaptive=True)
+    worker = engine.scheduler.worker
+    free_pages = worker.allocator.num_free_pages
+    monkeypatch.setattr(compiled_memory, "program_room", lambda: precompile.SERVING_PROGRAMS + 1)
+    with caplog.at_level(logging.WARNING):
+        precompile.sweep(worker, contexts=[192], progress=False)
+        assert worker.policy.may_compile
+        worker._check_program_room()
+        assert worker.policy.may_compile  # room past the serving reserve: drafted programs may compile
+        monkeypatch.setattr(compiled_memory, "program_room", lambda: precompile.SERVING_PROGRAMS)
+        worker._check_program_room()
+    assert "precompiling 0 of 1 contexts" in caplog.text and "raise vm.max_map_count" in caplog.text
+    assert not any(worker.policy.cost._compiled_verify.values()) and worker.allocator.num_free_pages == free_pages
+    assert not worker.policy.may_compile
+    params = {"temperature": 0.0, "max_new_tokens": 16}
+    outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(input_ids=spec_prompts, sampling_params=params)]
+    assert all(shape[2] == 1 for shapes in worker.policy.cost._compiled_verify.values() for shape in shapes)  # no draft
