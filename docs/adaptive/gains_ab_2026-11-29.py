@@ -1,6 +1,9 @@
 """A/B in one adaptive engine: passes alternate between the policy's estimate updates, before
 (per-position rate averages) and after (averaged gains); NONE and DFLASH B=8 step beside it in
-every pass (serve: engines in turn). Defaults, greedy, 64 tokens. argv: concurrency levels, dataset."""
+every pass (serve: engines in turn). Defaults, greedy, 64 tokens. argv: concurrency levels, dataset,
+the before-module's path. A record of the run: "after" was the averaged-gains observe then in the
+working tree (docs/adaptive.md, 2026-11-29 late morning), "before" HEAD's 6dfa381; not kept, so the
+repository's observe is the "before" one now."""
 import json, sys, types, importlib.util, statistics
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.tools import model_import
