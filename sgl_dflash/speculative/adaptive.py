@@ -111,23 +111,29 @@ class RequestState:
     idle: int = 0  # steps since it was last drafted
 
 
-def best_lengths(
-    gains: np.ndarray, shape_cost: Callable[[tuple[int, int, int]], float]
-) -> tuple[np.ndarray, float]:
-    """The drafts k [n] to verify maximizing expected tokens / shape_cost(step_shape(k + 1)),
-    and that rate. gains [n, P]: g[i, m-1] = P(the first m drafts of request i are accepted), non-
-    increasing along m. The cost depends on the step's shape only, so each candidate's shape is
-    computed from its counts (`shape_of`) rather than from a lengths array: the plan runs this
-    for every draft block on every step, on the host, before the device works."""
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """A candidate of `best_lengths`: drafts per request, their expected tokens, the step's shape."""
+
+    counts: np.ndarray  # [n] drafts verified per request
+    gain: float  # expected accepted drafts: the sum of the gains allocated
+    shape: tuple[int, int, int]
+    cap: int  # the longest block (bonus + drafts) it was allowed: the attention's Q bucket
+
+
+def allocations(gains: np.ndarray) -> list[Allocation]:
+    """Every allocation `best_lengths` weighs, in its order: per cap on the longest block (2, 4, ..
+    until the cap holds every position) and per token-row bucket it can reach, the largest gains
+    that fit (gains fall along a request's block, so the largest ones are prefixes). gains [n, P]:
+    g[i, m-1] = P(the first m drafts of request i pass), non-increasing along m."""
     n, num_positions = gains.shape
-    best_k, best_rate = np.zeros(n, np.int64), n / shape_cost(shape_of(n, n, 1))
     if num_positions == 0 or n == 0:
-        return best_k, best_rate
+        return []
     rows, cols = np.nonzero(gains > 0)
     order = np.lexsort((cols, -gains[rows, cols]))  # largest gain first; a block's prefix first
     rows, cols, values = rows[order], cols[order], gains[rows[order], cols[order]]
-    cap = 2
-    while True:  # cap = longest block (bonus + drafts) allowed: the attention's Q bucket
+    found, cap = [], 2
+    while True:
         keep = cols < cap - 1
         r, v = rows[keep], np.cumsum(values[keep])
         tokens = bucket(n, MIN_TOKEN_ROWS)
@@ -135,15 +141,30 @@ def best_lengths(
             extra = min(tokens - n, len(r))
             if extra > 0:
                 k = np.bincount(r[:extra], minlength=n)
-                rate = (n + v[extra - 1]) / shape_cost(shape_of(n, n + extra, int(k.max()) + 1))
-                if rate > best_rate:
-                    best_k, best_rate = k, rate
+                found.append(Allocation(k, float(v[extra - 1]), shape_of(n, n + extra, int(k.max()) + 1), cap))
             if extra >= len(r):
                 break
             tokens *= 2
         if cap - 1 >= num_positions:
-            break
+            return found
         cap *= 2
+
+
+def best_lengths(
+    gains: np.ndarray, shape_cost: Callable[[tuple[int, int, int]], float],
+    candidates: Sequence[Allocation] | None = None,
+) -> tuple[np.ndarray, float]:
+    """The drafts k [n] to verify maximizing expected tokens / shape_cost(step_shape(k + 1)),
+    and that rate. The cost depends on the step's shape only, so the best allocation of each
+    reachable shape is its largest gains (`allocations`; `candidates`: those of these gains,
+    computed once for several costs). The plan runs this for every draft block on every step, on
+    the host, before the device works."""
+    n = gains.shape[0]
+    best_k, best_rate = np.zeros(n, np.int64), n / shape_cost(shape_of(n, n, 1))
+    for allocation in allocations(gains) if candidates is None else candidates:
+        rate = (n + allocation.gain) / shape_cost(allocation.shape)
+        if rate > best_rate:
+            best_k, best_rate = allocation.counts, rate
     return best_k, best_rate
 
 
@@ -247,9 +268,11 @@ class AdaptivePolicy:
                 verify_costs[shape] = self.shape_cost(shape)
             return verify_costs[shape]
 
+        candidates = allocations(gains)  # those of a block b are the ones capped below 2b
         for b in self.blocks:
             draft_cost = self.draft_cost(n, b)
-            k, rate = best_lengths(gains[:, : b - 1], lambda shape: draft_cost + verify_cost(shape))
+            k, rate = best_lengths(gains[:, : b - 1], lambda shape: draft_cost + verify_cost(shape),
+                                   [a for a in candidates if a.cap < 2 * b])
             if k.any() and rate > best_rate:
                 best_rate, best_k, block = rate, k, b
             if k.any() and rate > probe_rate:

@@ -64,6 +64,28 @@ def test_best_lengths_finds_the_best_allocation_of_any_shape():
         assert rate == pytest.approx((n + sum(gains[i, :k[i]].sum() for i in range(n))) / cost(step_shape(k + 1)))
 
 
+@pytest.mark.parametrize("block_size", [4, 6, 8, 12, 16])
+def test_one_set_of_allocations_serves_every_draft_block(block_size):
+    """The plan weighs each draft block b on the allocations of the full block capped below 2b
+    (computed once a step): the same choice, rate included, as `best_lengths` on gains[:, :b-1]."""
+    from sgl_dflash.speculative.adaptive import allocations, draft_blocks
+
+    rng = np.random.default_rng(block_size)
+    for _ in range(200):
+        n = int(rng.integers(1, 20))
+        gains = np.cumprod(np.where(rng.random((n, block_size - 1)) < 0.1, 0.0, rng.random((n, block_size - 1))), axis=1)
+        if rng.random() < 0.3:
+            gains = np.round(gains, 1)  # ties
+        per_row, fixed = rng.random() * 0.01, rng.random() * 0.2
+        candidates = allocations(gains)
+        for b in draft_blocks(block_size):
+            def cost(shape, extra=rng.random() * 0.05):
+                return fixed + extra + per_row * shape[1] + 0.001 * shape[2]
+            k, rate = best_lengths(gains[:, : b - 1], cost)
+            shared_k, shared_rate = best_lengths(gains[:, : b - 1], cost, [a for a in candidates if a.cap < 2 * b])
+            assert rate == shared_rate and k.tolist() == shared_k.tolist()
+
+
 def test_calibrator_learns_from_outcomes():
     cal = Calibrator(num_positions=3)
     conf = np.array([[0.95, 0.95, 0.95]])
