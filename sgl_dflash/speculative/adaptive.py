@@ -59,6 +59,11 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def _relaxed(estimate: np.ndarray, mean: np.ndarray, rate: float) -> np.ndarray:
+    """An undrafted request's estimate after an idle step: `rate` of the way back to its mean."""
+    return estimate + rate * (mean - estimate)
+
+
 class Calibrator:
     """Acceptance probability of a draft from its confidence, per mode and draft position."""
 
@@ -370,11 +375,16 @@ class AdaptivePolicy:
         """After the verify step: outcomes update the calibration, the request offsets and
         the recent estimates (of the drafted block's positions). Position j of request i is
         observed when j <= min(a_i + 1, k_i)."""
+        states = [self._state(s) for s in slots]
+        drafted = np.asarray(drafted, bool)
+        if not drafted.any():  # a plain step observes nothing: each estimate only relaxes (below)
+            for state in states:
+                state.estimate = _relaxed(state.estimate, state.mean, self.idle_relax)
+                state.idle += 1
+            return
         limit = self.num_drafts if block is None else block - 1
         alpha = self.alphas(slots, modes, confidence)
-        states = [self._state(s) for s in slots]
         estimate, mean = np.stack([s.estimate for s in states]), np.stack([s.mean for s in states])
-        drafted = np.asarray(drafted, bool)
         accepted, positions = np.asarray(accepted), np.arange(estimate.shape[1])[None, :]
         seen = np.where(drafted, np.minimum(accepted + 1, verified), 0)
         observed = positions < seen[:, None]
@@ -385,7 +395,7 @@ class AdaptivePolicy:
                         else (observed, outcomes))
         idle = ~drafted[:, None]
         estimate = np.where(cells, (1 - self.estimate_decay) * estimate + self.estimate_decay * value,
-                            np.where(idle, estimate + self.idle_relax * (mean - estimate), estimate))
+                            np.where(idle, _relaxed(estimate, mean, self.idle_relax), estimate))
         mean = np.where(cells, (1 - self.mean_decay) * mean + self.mean_decay * value, mean)
         self.calibrator.observe(modes, confidence, outcomes, observed)
         steps = self.learning_rate * np.where(observed, outcomes - alpha, 0.0).sum(axis=1)

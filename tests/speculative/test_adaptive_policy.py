@@ -518,6 +518,30 @@ def policy_with_a_small_gain(min_gain: float) -> AdaptivePolicy:
     return policy
 
 
+def test_a_plain_step_is_observed_as_the_idle_requests_of_a_drafted_one():
+    """observe() of a step that drafted nothing takes a short path (every plain step runs it):
+    each estimate relaxes and idles exactly as an undrafted request's in a drafted step."""
+    rng = np.random.default_rng(5)
+    plain, mixed = AdaptivePolicy(num_drafts=7), AdaptivePolicy(num_drafts=7)
+    for policy in (plain, mixed):
+        for slot in range(4):
+            policy.add(slot)
+    for slot in range(4):
+        estimate, mean = rng.random(7), rng.random(7)
+        for policy in (plain, mixed):
+            policy.requests[slot].estimate, policy.requests[slot].mean = estimate.copy(), mean.copy()
+    hits = plain.calibrator.hits.copy()
+    plain.observe([0, 1, 2], np.zeros(3, np.int64), np.zeros(3, bool), np.zeros((3, 7)), np.zeros(3), np.zeros(3))
+    mixed.observe([0, 1, 2, 3], np.zeros(4, np.int64), np.array([False, False, False, True]), rng.random((4, 7)),
+                  np.array([0, 0, 0, 5]), np.array([0, 0, 0, 2]))
+    for slot in range(3):
+        assert plain.requests[slot].estimate.tolist() == mixed.requests[slot].estimate.tolist()
+        assert plain.requests[slot].mean.tolist() == mixed.requests[slot].mean.tolist()
+        assert plain.requests[slot].idle == mixed.requests[slot].idle == 1
+    assert not np.array_equal(plain.requests[0].estimate, plain.requests[0].mean)  # moved, not jumped
+    np.testing.assert_array_equal(plain.calibrator.hits, hits)
+
+
 def test_drafting_must_beat_the_plain_step_by_a_margin():
     """A predicted gain smaller than the predictions' error is a coin toss that loses on average
     (batch 8 and 32 on this CPU): below `min_gain` the step runs plain."""
