@@ -59,11 +59,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _relaxed(estimate: np.ndarray, mean: np.ndarray, rate: float) -> np.ndarray:
-    """An undrafted request's estimate after an idle step: `rate` of the way back to its mean."""
-    return estimate + rate * (mean - estimate)
-
-
 class Calibrator:
     """Acceptance probability of a draft from its confidence, per mode and draft position."""
 
@@ -117,9 +112,7 @@ class RequestState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Allocation:
-    """A candidate of `best_lengths`: drafts per request, their expected tokens, the step's shape."""
-
+class Allocation:  # a candidate of `best_lengths`
     counts: np.ndarray  # [n] drafts verified per request
     gain: float  # expected accepted drafts: the sum of the gains allocated
     shape: tuple[int, int, int]
@@ -227,9 +220,8 @@ class AdaptivePolicy:
         self.probe_slack = probe_slack
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
-        # False when the process is near its limit of compiled programs (jax_backend.compiled_memory,
-        # set by the worker): a drafted shape or draft program never compiled is then out of reach,
-        # so that exploring cannot kill the server. Plain steps still compile: a request needs them.
+        # False near the process's limit of compiled programs (jax_backend.compiled_memory; the
+        # worker sets it): no drafted program is compiled then. Plain steps still compile.
         self.may_compile = True
         self.requests: dict[int, RequestState] = {}
         self.steps = 0
@@ -379,7 +371,7 @@ class AdaptivePolicy:
         drafted = np.asarray(drafted, bool)
         if not drafted.any():  # a plain step observes nothing: each estimate only relaxes (below)
             for state in states:
-                state.estimate = _relaxed(state.estimate, state.mean, self.idle_relax)
+                state.estimate = state.estimate + self.idle_relax * (state.mean - state.estimate)
                 state.idle += 1
             return
         limit = self.num_drafts if block is None else block - 1
@@ -395,7 +387,7 @@ class AdaptivePolicy:
                         else (observed, outcomes))
         idle = ~drafted[:, None]
         estimate = np.where(cells, (1 - self.estimate_decay) * estimate + self.estimate_decay * value,
-                            np.where(idle, _relaxed(estimate, mean, self.idle_relax), estimate))
+                            np.where(idle, estimate + self.idle_relax * (mean - estimate), estimate))
         mean = np.where(cells, (1 - self.mean_decay) * mean + self.mean_decay * value, mean)
         self.calibrator.observe(modes, confidence, outcomes, observed)
         steps = self.learning_rate * np.where(observed, outcomes - alpha, 0.0).sum(axis=1)
