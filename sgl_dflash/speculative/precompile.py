@@ -67,8 +67,8 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
-    all_drafts = {(rows, b) for rows in _powers_up_to(bucket(proposer.max_num_seqs)) for b in policy.blocks}
-    plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))
+    plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))  # the drafter's batch buckets too
+    all_drafts = {(rows, b) for rows in plain_batches for b in policy.blocks}
     per_context = len(shapes) + len(all_drafts) + len(plain_batches)
     room = compiled_memory.program_room()
     if room is not None and room < len(contexts) * per_context + SERVING_PROGRAMS:
