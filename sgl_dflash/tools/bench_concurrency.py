@@ -33,37 +33,14 @@ import json
 import time
 from pathlib import Path
 
-import jax
-
 from tqdm import tqdm
+
+from jax_backend.compile_counter import CompileCounter
 
 from sgl_dflash.tools import datasets
 from sgl_dflash.tools.bench_engines import add_engine_args, make_engines, resolve_engine_args
 
 SETS = (*datasets.BENCH_DATASETS, "mixed")
-
-
-class CompileCounter:
-    """Counts JAX compilations process-wide (traces of a new shape or a new function: every
-    compile, also one served from the persistent compilation cache, starts with one), and the
-    seconds they took (tracing, lowering and the backend compile, as JAX reports them)."""
-
-    count = 0
-    seconds = 0.0
-    _installed = False
-
-    @classmethod
-    def install(cls) -> None:
-        if not cls._installed:
-            jax.monitoring.register_event_duration_secs_listener(cls._on_event)
-            cls._installed = True
-
-    @classmethod
-    def _on_event(cls, event: str, duration: float, **kwargs) -> None:
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            cls.count += 1
-        if event.startswith("/jax/core/compile/"):
-            cls.seconds += duration
 
 
 MIXED = ("gsm8k", "mt-bench", "math500", "mt-bench")  # the "mixed" set's sources, in turn
