@@ -274,13 +274,16 @@ class DFlashProposer:
     def commit_block(self, seq_ids: Sequence[Any], accepted_counts: Any, features: jax.Array) -> None:
         """`commit` for a whole verify batch at once: features [S >= n, B, n_aux*H] holds the
         target's features of every block row (`TargetRunner.verify`); sequence i commits rows
-        0 .. accepted_counts[i]. The rows stay on the device: one scatter into the pending pool."""
+        0 .. accepted_counts[i]. The rows stay on the device: one scatter into the pending pool.
+        A None id is a batch row without drafter state: its rows are dropped."""
         counts = np.asarray(accepted_counts).reshape(-1).astype(np.int64)
-        states = [self._state(s) for s in seq_ids]
-        if len(counts) != len(states) or features.ndim != 3 or features.shape[0] < len(states):
+        if len(counts) != len(seq_ids) or features.ndim != 3 or features.shape[0] < len(seq_ids):
             raise DrafterStateError(
-                f"commit_block got {len(states)} ids, {len(counts)} accepted counts, features {tuple(features.shape)}"
+                f"commit_block got {len(seq_ids)} ids, {len(counts)} accepted counts, features {tuple(features.shape)}"
             )
+        kept = [i for i, s in enumerate(seq_ids) if s is not None]
+        seq_ids, counts = [seq_ids[i] for i in kept], counts[kept]
+        states = [self._state(s) for s in seq_ids]
         if features.shape[1] > self.pending_bucket or features.shape[2] != self.num_features:
             raise DrafterStateError(
                 f"features {tuple(features.shape)}: expected [n, <= {self.pending_bucket}, {self.num_features}]"
@@ -296,18 +299,20 @@ class DFlashProposer:
         # A sequence not drafted since its last commit (an adaptive plain step) still has pending
         # rows: append to them while they fit the bucket, else flush them first (one batched call).
         self._flush([s for s, c in zip(states, counts) if s.num_pending and s.num_pending + c + 1 > self.pending_bucket])
-        self._write_pending(states, counts, features)
+        by_row = dict(zip(kept, states))
+        self._write_pending([by_row.get(i) for i in range(features.shape[0])], counts, features)
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _write_pending(self, states: list[_SeqState], counts: list[int], features: jax.Array) -> None:
-        """Appends rows 0 .. counts[i] of features[i] [S >= n, Q, n_aux*H] to sequence i's pending
-        rows: one donated scatter into the pool (rows of padding sequences are dropped)."""
-        pad = features.shape[0] - len(states)
-        slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
-        offsets = np.array([s.num_pending for s in states] + [self.pending_bucket] * pad, np.int32)
+    def _write_pending(self, rows: list[_SeqState | None], counts: list[int], features: jax.Array) -> None:
+        """Appends rows 0 .. counts[i] of features[j] [S, Q, n_aux*H] to the pending rows of the
+        i-th sequence of `rows` (row j's; None and rows past the list are dropped): one donated
+        scatter into the pool."""
+        rows = rows + [None] * (features.shape[0] - len(rows))
+        slots = np.array([0 if s is None else s.slot for s in rows], np.int32)
+        offsets = np.array([self.pending_bucket if s is None else s.num_pending for s in rows], np.int32)
         self.pending = self._jit.write_pending(self.pending, features, slots, offsets)
-        for state, count in zip(states, counts):
+        for state, count in zip((s for s in rows if s is not None), counts):
             state.num_pending += count + 1
 
     def _draft_batch(self, seq_ids: Sequence[Any], bonus_tokens: Any) -> tuple[list[_SeqState], tuple, dict] | None:

@@ -24,13 +24,12 @@ confidences yet) for each draft block the drafter can run (2, 4, .., B tokens: t
 block in one forward, and a shorter block is a cheaper forward), with that block's measured draft
 cost: the block with the most tokens per second wins, and a step whose drafts would not pay runs
 no drafter at all. A request left undrafted for `probe_every` steps is drafted anyway (at the
-block that came closest to paying), so its estimate can recover; a step that would draft runs plain when the plain
-step's cost was last measured `refresh_every` steps ago, so that a stale reading cannot keep it
-drafting. Every `explore_every`-th step, shapes and draft blocks
-not measured recently look cheaper than predicted (`explore_discount`), so a choice that may be
-better gets measured instead of being ruled out by a guess or by a reading taken while the machine
-was slower; a program never compiled also carries a
-share of its compile time (the compile's seconds over the steps still to come).
+block that came closest to paying), so its estimate can recover; a step that would draft runs
+plain when the plain step's cost was last measured `refresh_every` steps ago. Every
+`explore_every`-th step, shapes and draft blocks not measured recently look cheaper than
+predicted (`explore_discount`), so a choice that may be better gets measured; a program never
+compiled also carries a share of its compile time. At a load where drafts may not pay even for a
+typical request (`drafts_may_pay`), a joining request gets no drafter context (NONE's steps).
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -187,37 +186,32 @@ class AdaptivePolicy:
                  estimate_decay: float = 0.5, mean_decay: float = 0.1, idle_relax: float = 0.25,
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
-                 refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25):
+                 refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
+                 admit_ratio: float = 1.0, admit_evidence: int = 64):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
         self.learning_rate = learning_rate
         self.estimate_decay = estimate_decay
-        # An undrafted request's estimate is not observed: each idle step it moves `idle_relax` of
-        # the way back to the request's long-run mean (`mean_decay`: that mean's EMA weight). One
-        # step of low confidence halves the estimate; without this it stayed there until the next
-        # probe, and gsm8k at one request ran half its steps plain where drafting 3 gained 1.4x.
+        # Each idle step an undrafted request's estimate moves `idle_relax` of the way back to its
+        # long-run mean (`mean_decay`: that mean's EMA weight); else one step of low confidence
+        # kept it low until the next probe (gsm8k at one request: half its steps plain).
         self.mean_decay, self.idle_relax = mean_decay, idle_relax
         # Every `explore_every`-th step, what was never measured looks `explore_discount` times as
         # costly as predicted: a shape or draft block that may be better gets tried and measured.
         self.explore_every, self.explore_discount = explore_every, explore_discount
         # A shape never run at this context costs a compile, spread over the steps to come (at
-        # least this many; a server that has run N steps at this page-table width is taken to
-        # run N more there).
+        # least this many; N steps run at this page-table width are taken to mean N more).
         self.compile_horizon = compile_horizon
-        # The plain step's cost is only measured by plain steps: while drafting pays it is not,
-        # and a reading inflated by a burst of load would keep the policy drafting. A step that
-        # would draft runs plain instead when the plain shape's cost is this many steps old.
+        # A step that would draft runs plain when the plain step's cost is this many steps old
+        # (only plain steps measure it, and an inflated reading would keep the policy drafting).
         self.refresh_every = refresh_every
         # A drafted step must be expected to beat the plain step by `min_gain`: its prediction
-        # errs by a few percent (the plain step, read every step, does not), and at batch 8 and
-        # 32 a drafted step's gain is a few percent at best, so an edge of 1-2% was a coin toss
-        # that lost on average (it is chosen where its prediction is highest).
+        # errs by a few percent, and at batch 8 and 32 an edge of 1-2% was a coin toss that lost.
         self.min_gain = min_gain
-        # A probe is drafted only if it is expected to lose at most `probe_slack` of the plain
-        # step's rate: where even a fair estimate would not pay (a large batch on a slow host),
-        # probing only wastes steps.
+        # A probe is drafted only if expected to lose at most `probe_slack` of the plain rate.
         self.probe_slack = probe_slack
+        self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence  # `drafts_may_pay`
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         # False near the process's limit of compiled programs (jax_backend.compiled_memory; the
@@ -244,17 +238,18 @@ class AdaptivePolicy:
     def exploring(self) -> bool:
         return self.explore_every > 0 and self.steps % self.explore_every == 0
 
-    def plan_drafts(self, slots: Sequence[int]) -> DraftPlan:
+    def plan_drafts(self, slots: Sequence[int], draftable: np.ndarray | None = None) -> DraftPlan:
         """The requests to draft this step and the draft block, by each request's recent
         acceptance: for each draft block, the best allocation of its drafts with the drafter's
         cost added; none when no block beats the plain step by `min_gain`, except probes of
         long-idle requests (at the block closest to paying, unless even that loses more than
         `probe_slack`). The drafter's batch bucket is filled with the next most promising
-        requests (free)."""
+        requests (free). `draftable` [n]: the requests with drafter context (default all)."""
         self.steps += 1
         n = len(slots)
+        draftable = np.ones(n, bool) if draftable is None else np.asarray(draftable, bool)
         states = [self._state(s) for s in slots]
-        gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1)
+        gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1) * draftable[:, None]
         plain_rate = n / self.step_cost(np.ones(n, np.int64))
         best_rate, best_k, block = plain_rate * (1 + self.min_gain), np.zeros(n, np.int64), 0
         probe_block, probe_rate = self.blocks[0], 0.0  # the drafting block valued most, paying or not
@@ -277,26 +272,36 @@ class AdaptivePolicy:
         if block and self._plain_cost_is_stale(n):
             return DraftPlan(np.zeros(n, bool), 0)
         chosen = best_k > 0
-        probes = np.array([s.idle + 1 >= self.probe_every for s in states])
+        probes = np.array([s.idle + 1 >= self.probe_every for s in states]) & draftable
         if probes.any() and not block:
             if probe_rate < (1 - self.probe_slack) * plain_rate:
                 probes[:] = False  # hopeless here: the idle estimates keep relaxing to their means
             elif (bucket(int(probes.sum())), probe_block) not in self.cost.compiled_draft:
-                # A probe is a cheap measurement, not worth a compile (a second on a CPU): at a
-                # batch of 32 past the swept contexts, probes compiled 6 steps for 1.8 s each.
-                probes[:] = False
-            else:
-                # Probes measure the block the plan would draft if the estimates were a little
-                # better: probing only the smallest block left the block a fixed B=4 won with
-                # (1.58 tokens a step on MT-Bench at one request) unmeasured, and the probes lost.
+                probes[:] = False  # a probe is not worth a compile (a second or two on a CPU)
+            else:  # the block the plan would draft with a little better estimates (measured so)
                 block = probe_block
         chosen |= probes
         count = int(chosen.sum())
         if 0 < count < n:
             room = (1 << (count - 1).bit_length()) - count  # the drafter pads to a power of two
-            rest = [i for i in np.argsort(-gains[:, 0], kind="stable") if not chosen[i]]
+            rest = [i for i in np.argsort(-gains[:, 0], kind="stable") if draftable[i] and not chosen[i]]
             chosen[rest[:room]] = True
         return DraftPlan(chosen, block if chosen.any() else 0)
+
+    def drafts_may_pay(self, n: int) -> bool:
+        """Whether a batch of n requests of the typical acceptance (the greedy position means) has
+        a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
+        first drafts were verified). Where not, the worker gives a joining request no drafter
+        context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th."""
+        if self.calibrator.position_trials[GREEDY, 0] < self.admit_evidence:
+            return True
+        gains = np.tile(np.cumprod(self.calibrator.position_means(GREEDY)), (n, 1))
+        candidates, best = allocations(gains), 0.0
+        for b in self.blocks:
+            draft_cost = self.draft_cost(n, b)
+            for a in (a for a in candidates if a.cap < 2 * b):
+                best = max(best, (n + a.gain) / (draft_cost + self.shape_cost(a.shape)))
+        return best >= self.admit_ratio * n / self.step_cost(np.ones(n, np.int64))
 
     def _plain_cost_is_stale(self, n: int) -> bool:
         """The plain step of n requests is compiled and its cost not measured in `refresh_every`
@@ -346,12 +351,9 @@ class AdaptivePolicy:
 
     def _explored(self, seconds: float, measured: bool, compiled: bool) -> float:
         """A prediction as the choice sees it: on exploration steps, a program not measured
-        recently (`CostModel.fresh`) looks cheaper than predicted; one never compiled also
-        carries its share of a compile.
-        Without compiling, a shape the prediction rules out would never be measured: at 32
-        requests the line through the plain step alone put a 2-token verify at 1.67x a plain
-        step where MT-Bench measured 1.26x, so the policy never drafted there while fixed
-        blocks gained 1.1x. The share keeps a young server (or a slow compiler) from it."""
+        recently (`CostModel.fresh`) looks cheaper than predicted (else a shape the prediction
+        rules out is never measured: at 32 requests a 2-token verify was predicted at 1.67x a plain
+        step, measured 1.26x); one never compiled also carries its share of a compile."""
         if self.exploring and not measured:
             seconds *= self.explore_discount
         return seconds if compiled else seconds + self._compile_share()

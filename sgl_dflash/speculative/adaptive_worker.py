@@ -38,6 +38,12 @@ from sgl_dflash.speculative.dflash_worker import DFlashWorker
 logger = logging.getLogger(__name__)
 
 
+# Where drafts do not pay, every 64th request still gets drafter context, so that the policy
+# keeps measuring drafts at that load. Not more often: while one request has context, every step
+# of its batch runs the drafting path (plan, commit, learning), ~2% dearer than NONE's at 8.
+MEASURED_EVERY = 64
+
+
 @jax.jit
 def _plain_block(features: jax.Array) -> jax.Array:
     """A sampling step's features [S, F] as a plain verify step's [S, 2, F] (row 1 is never
@@ -51,6 +57,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
     def __init__(self, server_args: Any):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
+        self.admitted = 0  # requests prefilled
         CompileCounter.install()  # a step that compiled is not a measurement of the step
         # Verify steps keep the runner's scan: a second layout per shape (jax_backend.layout_tuner)
         # would compile mid-serving for each of the dozens of shapes the policy uses (not measured).
@@ -70,8 +77,16 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self._check_program_room()
 
     def forward_extend(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
-        result = super().forward_extend(batch)  # the drafter's ingest runs on behind the host
-        for slot, temperature in zip(batch.slots, batch.sampling_info.temperatures):
+        """The target's prefill; a request gets drafter context (the drafter's ingest runs on
+        behind the host) where drafts may pay at the load it joins (`drafts_may_pay`), and every
+        `MEASURED_EVERY`-th request anyway. One without it is served as NONE serves it."""
+        result, out = self.target_worker.forward_extend(batch)
+        result.num_draft_tokens = self.block_size - 1
+        may_pay = self.policy.drafts_may_pay(len(self.policy.requests) + len(batch.slots))
+        for slot, features, temperature in zip(batch.slots, out.features, batch.sampling_info.temperatures):
+            self.admitted += 1
+            if may_pay or self.admitted % MEASURED_EVERY == 0:
+                self.add_context(slot, features)
             self.policy.add(slot, SAMPLED if temperature > 0 else GREEDY)
         return result
 
@@ -87,12 +102,16 @@ class AdaptiveDFlashWorker(DFlashWorker):
         compiled = self._compilations()
         self._wait_for_drafter()  # what is left of the drafter's work that ran behind the scheduler
         t0 = time.perf_counter()
+        draftable = np.array([slot in self.drafting for slot in slots])
+        if not draftable.any():  # no request has drafter context: NONE's step
+            return self._none_step(batch, bonus, compiled, t0)
 
         # 0.-1. Plan and draft: only the requests whose drafts may pay (and probes), `block` tokens,
         # knowing what is compiled at this context (the target's page-table width, the drafter's
         # window).
-        self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(slots))
-        plan = self.policy.plan_drafts(slots)
+        context = [slot for slot, d in zip(slots, draftable) if d]
+        self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(context))
+        plan = self.policy.plan_drafts(slots, draftable)
         drafted, block = plan.drafted, plan.block
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
@@ -142,7 +161,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         # A plain step's outcome (nothing accepted) is known before its device work ends: this
         # host work (~1 ms, 2-3% of a step at one request) then runs while the device steps, and
         # the step's reading below is its wall time either way.
-        self.proposer.commit_block(slots, accepted, features)
+        self.proposer.commit_block([s if d else None for s, d in zip(slots, draftable)], accepted, features)
         self.policy.observe(slots, modes, drafted, confidence, verified, accepted, block)
         new_bonus = np.asarray(new_bonus)[:n]
         if not verified.any():
@@ -165,18 +184,40 @@ class AdaptiveDFlashWorker(DFlashWorker):
         return GenerationBatchResult(tokens, accepted.astype(np.int32) + 1, accept_lens=accepted,
                                      num_draft_tokens=B - 1, verify_lens=verified.astype(np.int32))
 
-    def _plain_step(self, batch: ModelWorkerBatch, bonus: list[int]) -> tuple[np.ndarray, jax.Array, jax.Array]:
+    def _none_step(self, batch: ModelWorkerBatch, bonus: list[int], compiled: int, t0: float) -> GenerationBatchResult:
+        """A step of requests without drafter context: NONE's decode step, timed as the plain
+        step it is (the cost model keeps its plain reading fresh)."""
+        n, cost = len(batch.slots), self.policy.cost
+        cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len([]))
+        _, tokens, _ = self._plain_step(batch, bonus, features=False)
+        tokens = np.asarray(tokens)[:n, None]
+        self.runner.step_read()
+        seconds, shape = time.perf_counter() - t0, step_shape(np.ones(n, np.int64))
+        if self._compilations() == compiled:  # the host work of a step with drafts is not here: kept
+            cost.observe(shape, seconds, 0, 0.0, cost.overhead)
+        else:
+            cost.compiled(shape, 0, 0, seconds)
+            self._check_program_room()
+        self.timings["verify"] += seconds
+        self.timings["steps"] += 1
+        zeros = np.zeros(n, np.int32)
+        return GenerationBatchResult(tokens, zeros + 1, accept_lens=zeros, num_draft_tokens=self.block_size - 1,
+                                     verify_lens=zeros)
+
+    def _plain_step(self, batch: ModelWorkerBatch, bonus: list[int],
+                    features: bool = True) -> tuple[np.ndarray, jax.Array, jax.Array | None]:
         """One token per request through the target's sampling program, NONE's decode step,
         dispatched and not waited for: (accepted = 0, the device's tokens [bucket(n)], the
-        drafter's features as a plain verify step's [S, 2, F]).
+        drafter's features as a plain verify step's [S, 2, F]); without `features`, waited for
+        (the tokens on the host, no features)).
         A verify of one-token blocks does the same work but ran ~3% slower at 32 requests on
         XLA:CPU (plain step with the drafter's commit, interleaved: 172.2 vs 166.4 ms)."""
         n, info = len(batch.slots), batch.sampling_info
         out = self.runner.sample(
             [SeqInput([bonus[i]], batch.prefix_lens[i], batch.page_tables[i]) for i in range(n)],
             info.temperatures, info.top_ps, info.top_ks, None if info.is_all_greedy else self.target_worker.next_key(),
-            device_features=True, wait=False)
-        return np.zeros(n, np.int32), out.tokens, self.plain_block(out.device_features)
+            device_features=features, wait=not features)  # without features: NONE's step, tokens to the host
+        return np.zeros(n, np.int32), out.tokens, self.plain_block(out.device_features) if features else None
 
     def _wait_for_drafter(self) -> None:
         """The drafter's work runs asynchronously: its commit and a prompt's ingest overlap the

@@ -10,6 +10,7 @@ import pytest
 
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.errors import ServerArgsError
+from sgl_dflash.speculative import adaptive_worker
 from sgl_dflash.speculative.adaptive import DraftPlan
 from tests.speculative.test_dflash import batch_requests, reference_params, watch_steps
 from tests.speculative.test_dflash_sampling import exact_joint, goodness_of_fit
@@ -17,8 +18,12 @@ from tests.speculative.test_dflash_sampling import exact_joint, goodness_of_fit
 
 @pytest.fixture(scope="module")
 def adaptive_engine(engine_kwargs, trained_draft_dir):
-    return Engine(**engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
-                  speculative_adaptive=True)
+    engine = Engine(**engine_kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
+                    speculative_adaptive=True)
+    # Every request gets drafter context: these tests exercise drafting whatever this machine's
+    # costs say (`test_requests_join_without_drafter_context_where_drafts_do_not_pay` tests the rule).
+    engine.scheduler.worker.policy.admit_ratio = 0.0
+    return engine
 
 
 def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
@@ -29,10 +34,11 @@ def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
     plain_steps = [] if plain_steps is None else plain_steps
     rng = np.random.default_rng(seed)
     policy = engine.scheduler.worker.policy
+    monkeypatch.setattr(policy, "admit_ratio", 0.0)  # every request gets drafter context
     chosen, blocks = [], []
 
-    def plan(slots):
-        drafted = rng.random(len(slots)) < 0.6
+    def plan(slots, draftable):
+        drafted = (rng.random(len(slots)) < 0.6) & draftable
         block = int(rng.choice(policy.blocks)) if drafted.any() else 0
         blocks.append(block)
         plain_steps.append(not drafted.any())
@@ -102,13 +108,42 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
         assert info["spec_no_spec_fraction"] == pytest.approx(lens[0] / info["spec_verify_ct"])
 
 
+def test_requests_join_without_drafter_context_where_drafts_do_not_pay(adaptive_engine, none_engine, monkeypatch):
+    """Where drafts may not pay at the load a request joins (`AdaptivePolicy.drafts_may_pay`), it
+    gets no drafter context and runs NONE's steps, exactly; every `MEASURED_EVERY`-th gets context
+    anyway (and is drafted, ragged beside the others). Nothing is left behind when they finish."""
+    worker = adaptive_engine.scheduler.worker
+    loads = []
+    monkeypatch.setattr(worker.policy, "drafts_may_pay", lambda n: loads.append(n) or False)
+    monkeypatch.setattr(worker, "admitted", 0)
+    monkeypatch.setattr(adaptive_worker, "MEASURED_EVERY", 16)
+    flat_costs(adaptive_engine, monkeypatch)  # the one with context drafts whenever it gains
+    monkeypatch.setattr(worker.policy, "min_gain", 0.0)  # (beside 19 plain requests: a gain of ~1 in 20)
+    added, programs = {"add": 0}, {"sample": 0, "verify": 0}
+    monkeypatch.setattr(worker.proposer, "add", _counting(worker.proposer.add, added, "add"))
+    for name in programs:
+        monkeypatch.setattr(worker.runner, name, _counting(getattr(worker.runner, name), programs, name))
+    log = watch_steps(adaptive_engine, monkeypatch)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(2, 30, 20)]
+    greedy = {"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}
+    outs = adaptive_engine.generate(input_ids=prompts, sampling_params=greedy)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(
+        input_ids=prompts, sampling_params=greedy)]
+    assert added["add"] == 1 and log["checks"] > 0  # the 16th of 20: its drafter kept in lockstep
+    assert loads and min(loads) >= 1  # asked once per prefill, with the load after it
+    assert programs["verify"] > 0 and programs["sample"] > 0  # it was drafted; the others ran plain
+    assert sum(o["meta_info"]["spec_num_proposed_drafts"] > 0 for o in outs) == 1
+    assert not worker.drafting and not worker.policy.requests and not worker.proposer._seqs
+
+
 def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, none_engine, spec_prompts, monkeypatch):
     """A step that verifies no draft knows its outcome (nothing accepted) before the target's
     step ends: the drafter's commit and the policy's learning are dispatched before its tokens
     are read (read earlier, that host work added ~1 ms to every plain step at one request). Once
     read, the step is reported to the runner, whose layer-loop tuner times it as NONE's steps."""
     worker, events = adaptive_engine.scheduler.worker, []
-    monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots: DraftPlan(np.zeros(len(slots), bool), 0))
+    monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots, draftable: DraftPlan(np.zeros(len(slots), bool), 0))
 
     class Tokens:  # the step's device tokens; records when the worker reads them
         def __init__(self, array):

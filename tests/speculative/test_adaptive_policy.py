@@ -599,3 +599,20 @@ def test_observing_a_batch_equals_observing_its_requests_one_by_one(with_confide
     assert any(together.requests[s].bias != 0 for s in range(n))  # the offsets did learn
     for table in ("hits", "trials", "position_hits", "position_trials"):
         np.testing.assert_array_equal(getattr(together.calibrator, table), getattr(alone.calibrator, table))
+
+
+def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
+    """A joining request gets drafter context where a typical request's drafts (the observed
+    acceptance per position) beat the plain step at that load; before enough drafts were
+    verified, always."""
+    policy = AdaptivePolicy(3)
+    policy.draft_cost = lambda batch, block: 0.0
+    policy.shape_cost = by_rows(1.0)  # a verify costs its token rows: drafts of 1 in 2 cannot pay
+    assert policy.drafts_may_pay(8)  # no evidence yet
+    outcomes = np.tile([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], (50, 1))  # first drafts pass 1 in 2
+    policy.calibrator.observe(np.zeros(100, np.int64), None, outcomes, np.ones((100, 3), bool))
+    assert not policy.drafts_may_pay(8) and not policy.drafts_may_pay(4)
+    policy.shape_cost = by_rows(0.01, fixed=1.0)  # a step mostly fixed cost: drafts pay
+    assert policy.drafts_may_pay(8) and policy.drafts_may_pay(32)
+    policy.admit_ratio = 2.0  # but not twice the plain rate
+    assert not policy.drafts_may_pay(8)

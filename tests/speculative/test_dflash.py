@@ -53,7 +53,7 @@ def watch_steps(engine, monkeypatch):
             offered, kept = int(result.num_new_tokens[i]), len(req.output_ids) - before[i]
             if kept < offered:
                 log["cut"].append((req.finished_reason["type"], offered, kept))
-            if not req.finished:
+            if not req.finished and req.slot in worker.drafting:  # adaptive: some have no drafter context
                 assert worker.committed_len(req.slot) == req.committed_len
                 log["checks"] += 1
 

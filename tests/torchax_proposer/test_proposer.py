@@ -368,3 +368,25 @@ def test_greedy_drafts_are_the_argmax_and_its_probability():
     finite = np.isfinite(logits).all(-1)
     expected = np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1)).max(-1)
     np.testing.assert_allclose(np.asarray(confidence)[finite], expected[finite], rtol=1e-6)
+
+
+def test_commit_block_drops_the_rows_of_requests_without_drafter_state(dirs, target_head):
+    """A verify batch may hold requests the drafter does not serve (the adaptive worker's requests
+    without drafter context): commit_block takes None for them, and their rows land nowhere.
+    The served sequence's state equals a fresh proposer's with only its own rows."""
+    rng = np.random.default_rng(8)
+    proposer = make_proposer(dirs, target_head, max_num_seqs=2)
+    prompt = rows(rng, 6)
+    proposer.add("a", prompt)
+    parts = [prompt]
+    for accepted in ([0, 2, 0], [0, 0, 1], [0, 3, 0]):
+        block = jax.device_put(rng.standard_normal((4, BLOCK, FEATURES), dtype=np.float32))
+        proposer.commit_block([None, "a", None], accepted, block)  # row 3: the runner's padding
+        parts.append(np.asarray(block[1, : accepted[1] + 1]))
+    fresh = make_proposer(dirs, target_head)
+    fresh.add("a", np.concatenate(parts))
+    assert proposer.committed_len("a") == fresh.committed_len("a") == 6 + 3 + 1 + 4
+    np.testing.assert_array_equal(proposer.propose(["a"], [5]), fresh.propose(["a"], [5]))
+    assert_same_state(proposer, "a", fresh, "a")
+    with pytest.raises(DrafterStateError, match="2 ids, 3 accepted counts"):
+        proposer.commit_block([None, "a"], [0, 0, 0], block)
