@@ -26,14 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import SeqInput, compiled_memory
+from jax_backend import SeqInput, compiled_memory, sampling
 from jax_backend.batch import bucket
-from jax_backend.compile_counter import CompileCounter
 from sgl_dflash.model_executor.forward_batch_info import GenerationBatchResult, ModelWorkerBatch, SamplingBatchInfo
 from sgl_dflash.speculative import precompile
 from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy
 from sgl_dflash.speculative.cost_model import step_shape
-from sgl_dflash.speculative.dflash_worker import DFlashWorker
+from sgl_dflash.speculative.dflash_worker import DFlashWorker, _draw
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,6 @@ class AdaptiveDFlashWorker(DFlashWorker):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
         self.admitted = 0  # requests prefilled
-        CompileCounter.install()  # a step that compiled is not a measurement of the step
         # Verify steps keep the runner's scan: a second layout per shape (jax_backend.layout_tuner)
         # would compile mid-serving for each of the dozens of shapes the policy uses (not measured).
         # Plain steps are NONE's decode steps and are tuned as NONE's are (`step_read`).
@@ -238,11 +236,13 @@ class AdaptiveDFlashWorker(DFlashWorker):
                            room, compiled_memory.map_limit())
         self.policy.may_compile = may_compile
 
-    @staticmethod
-    def _compilations() -> int:
-        """Programs compiled so far in this process (a step that compiled, whatever it compiled,
-        is not a measurement of the step)."""
-        return CompileCounter.count
+    def _compilations(self) -> int:
+        """Programs compiled so far by anything a decode step runs (a step that compiled is not a
+        measurement of the step). JAX's process-wide trace count (`jax_backend.compile_counter`)
+        was tried instead: in its one full run the policy drafted 65% of the steps at 8 requests
+        (0.88x NONE) where it had run 95% plain; not kept (2026-11-29 afternoon, docs/adaptive.md)."""
+        helpers = (_confidence, _gather_rows, _draw, sampling._plain_probs, sampling._filtered_probs)
+        return self.num_compilations() + sum(fn._cache_size() for fn in helpers)
 
     def _sample_drafts_scored(self, draft_logits: np.ndarray, info: SamplingBatchInfo) -> tuple[jax.Array, np.ndarray, np.ndarray]:
         """`_sample_drafts` plus each draft position's confidence: max q for a sampled request,
