@@ -2,8 +2,10 @@
 
 Every compile starts with a trace of the function at the new shapes (also one that the persistent
 compilation cache then serves), so counting traces counts compiles: whatever compiled them (a
-jitted step, a helper, an eager op at a new shape). Reading the count costs an attribute lookup;
-summing each jitted function's cache size cost ~0.12 ms per read in an adaptive decode step.
+jitted step, a helper, an eager op at a new shape). Benchmarks use it to leave compiles out of
+their timings. Not the adaptive worker: a jitted function can grow its cache without a new trace
+(new argument kinds), and its own count of cache entries is what its cost model was tuned with
+(docs/adaptive.md, 2026-11-29 afternoon).
 """
 
 from __future__ import annotations
