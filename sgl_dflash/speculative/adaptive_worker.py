@@ -12,7 +12,10 @@ how many drafts go to the target (`speculative/adaptive.py` decides; docs/adapti
   4. commit  — the drafter gets the features of the a_i + 1 committed rows (also of undrafted
                requests: their rows wait in its pending buffer), and the policy learns from the
                outcome and the measured step times.
-Greedy output stays the target's own; sampling stays lossless (k_i reads q, never the draws).
+A request that joined where drafts do not pay (`AdaptivePolicy.drafts_may_pay`) has no drafter
+context: it is never drafted, its rows are not committed, and a batch of only such requests runs
+NONE's step. Greedy output stays the target's own; sampling stays lossless (k_i reads q, never
+the draws).
 """
 
 from __future__ import annotations

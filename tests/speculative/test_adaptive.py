@@ -72,6 +72,17 @@ def none_outputs(none_engine, spec_prompts):
     return params, [o["output_ids"] for o in outs]
 
 
+def greedy_equals_none(engine, none_engine, seed: int, count: int, max_new_tokens: int) -> list[dict]:
+    """`count` random prompts (2-29 tokens) in one generate call: greedy output equals NONE's."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(2, 30, count)]
+    greedy = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    outs = engine.generate(input_ids=prompts, sampling_params=greedy)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(
+        input_ids=prompts, sampling_params=greedy)]
+    return outs
+
+
 @pytest.mark.parametrize("lengths", ["policy", "random"])
 def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec_prompts, none_outputs, monkeypatch):
     plain = []
@@ -85,12 +96,7 @@ def test_adaptive_greedy_equals_none(lengths, adaptive_engine, none_engine, spec
     assert [o["output_ids"] for o in outs] == expected
     single = adaptive_engine.generate(input_ids=spec_prompts[2], sampling_params=params[2])
     assert single["output_ids"] == expected[2]
-    rng = np.random.default_rng(5)
-    many = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(2, 30, 24)]
-    greedy = {"temperature": 0.0, "max_new_tokens": 33, "ignore_eos": True}
-    outs = adaptive_engine.generate(input_ids=many, sampling_params=greedy)
-    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(
-        input_ids=many, sampling_params=greedy)]
+    outs = greedy_equals_none(adaptive_engine, none_engine, seed=5, count=24, max_new_tokens=33)
     assert log["checks"] > 0
     if chosen is not None:  # every k and every draft block the drafter offers (16: 2, 4, 8, 16) ran
         assert set(chosen) == set(range(adaptive_engine.scheduler.worker.block_size))
@@ -124,12 +130,7 @@ def test_requests_join_without_drafter_context_where_drafts_do_not_pay(adaptive_
     for name in programs:
         monkeypatch.setattr(worker.runner, name, _counting(getattr(worker.runner, name), programs, name))
     log = watch_steps(adaptive_engine, monkeypatch)
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(0, 16, int(n)).tolist() for n in rng.integers(2, 30, 20)]
-    greedy = {"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}
-    outs = adaptive_engine.generate(input_ids=prompts, sampling_params=greedy)
-    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(
-        input_ids=prompts, sampling_params=greedy)]
+    outs = greedy_equals_none(adaptive_engine, none_engine, seed=7, count=20, max_new_tokens=40)
     assert added["add"] == 1 and log["checks"] > 0  # the 16th of 20: its drafter kept in lockstep
     assert loads and min(loads) >= 1  # asked once per prefill, with the load after it
     assert programs["verify"] > 0 and programs["sample"] > 0  # it was drafted; the others ran plain
