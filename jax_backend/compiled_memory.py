@@ -5,8 +5,9 @@ mappings), and a step of the SmolLM2 target has ~80 kernels: an adaptive DFLASH 
 sweep of 142 programs took 34,500 mappings (~243 a program). Linux allows `vm.max_map_count` per
 process (65,530 by default); past it LLVM fails ("Cannot allocate memory") and the process dies,
 every request with it. A second adaptive engine in one process met that mid-sweep (2026-11-29).
-So what compiles programs on its own initiative (the sweep, the adaptive policy's exploration)
-asks `program_room` first; programs a request cannot run without still compile.
+So what compiles programs on its own initiative (the sweep, the adaptive policy's exploration,
+the layer-loop tuner's second layout of a shape) asks `program_room` first; programs a request
+cannot run without still compile.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ not only on the shape: on a quiet host the copies paid for themselves at 1-8 seq
 switch 1.09-1.12x the scan's step, docs/performance.md section 19), on a host whose memory is
 slower the copies dominate (the switch 0.68-0.83x at 1-8 sequences, section 24). So "auto" on a
 CPU times both on every decode and verify shape it meets, runs the faster, and times the other again now
-and then, since a host's speed drifts.
+and then, since a host's speed drifts. A second layout is a second program per shape (the switch's
+takes 2-2.5x the scan's memory mappings, `jax_backend.compiled_memory`), so near the process's
+limit a new shape settles on its default layout instead (`TargetRunner`, `EXPLORE_ROOM`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Hashable
 # scan below): the switch measured 0.82-0.93x the scan's step at 16-64 sequences on every host
 # so far (docs/performance.md section 20).
 AUTO_SWITCH_SEQS = 16
+# A new shape's other layout is compiled only while room for this many more programs is left
+# (`compiled_memory.program_room`): past it, each shape runs its default layout, one program.
+EXPLORE_ROOM = 64
 
 
 class LayoutTuner:
@@ -35,10 +40,13 @@ class LayoutTuner:
         self._times: dict[tuple[Hashable, str], collections.deque] = {}
         self._compiled: set[tuple[Hashable, str]] = set()
         self._steps: collections.Counter = collections.Counter()  # timed steps chosen per key
+        self._settled: dict[Hashable, str] = {}  # keys that run one layout only (`settle`)
 
     def choose(self, key: Hashable, default: str, timed: bool = True) -> str:
         """The layout of the next step of shape `key`. A step that will not be timed (`timed`
         False) gets the best measured so far, else `default`, and explores nothing."""
+        if key in self._settled:
+            return self._settled[key]
         if not timed:
             return self.best(key) or default
         self._steps[key] += 1
@@ -71,9 +79,16 @@ class LayoutTuner:
             return
         self._times.setdefault((key, layout), collections.deque(maxlen=self.window)).append(seconds)
 
+    def settle(self, key: Hashable, layout: str) -> None:
+        """Every step of `key` runs `layout` from now on: nothing else is compiled or timed for it."""
+        self._settled[key] = layout
+
     def uncompiled(self, key: Hashable, layout: str) -> list[str]:
         """The layouts other than `layout` that no step of `key` has run yet (the runner compiles
-        them at a shape's first step, so that exploring later compiles nothing)."""
+        them at a shape's first step, so that exploring later compiles nothing); none for a
+        settled key."""
+        if key in self._settled:
+            return []
         return [other for other in self.layouts if other != layout and (key, other) not in self._compiled]
 
     def best(self, key: Hashable) -> str | None:

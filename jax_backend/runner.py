@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import model, sampling, sharding, steps
+from jax_backend import compiled_memory, model, sampling, sharding, steps
 from jax_backend.batch import BatchError, SeqInput, build_batch, context_pages
 from jax_backend.config import TargetConfig
 from jax_backend.kv_cache import PageAllocator
-from jax_backend.layout_tuner import LayoutTuner
+from jax_backend.layout_tuner import EXPLORE_ROOM, LayoutTuner
 from jax_backend.loader import load_target
 from jax_backend.outputs import AuxRows, ForwardOutput, SampleOutput, VerifyOutput
 from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
@@ -257,7 +257,11 @@ class TargetRunner:
         self._unread = None
         loop, shape = self._tuner.choose_loop(kind, batch, mode, timed, block) if self._tuner else (self.layer_loop, None)
         weights = {"switch": self._switch_params}
-        for other in self._tuner.uncompiled(shape, loop) if shape is not None and timed else ():
+        others = self._tuner.uncompiled(shape, loop) if shape is not None and timed else []
+        if others and (room := compiled_memory.program_room()) is not None and room < EXPLORE_ROOM:
+            self._tuner.settle(shape, loop)  # near the mapping limit: one program for this shape
+            others = []
+        for other in others:
             self.kv_pool = fn(weights.get(other, self._step_params), self.kv_pool, batch, *args)[-1]
             self._tuner.observe(shape, other, 0.0)  # its compile: not a timing
         start = time.perf_counter()

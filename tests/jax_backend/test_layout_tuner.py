@@ -57,3 +57,12 @@ def test_the_layouts_a_shape_has_not_run_are_named_until_they_run():
     tuner.observe("k", "switch", 0.0)  # the runner compiles it at the shape's first step
     assert tuner.uncompiled("k", "scan") == [] and tuner.uncompiled("k", "switch") == ["scan"]
     assert tuner.times("k") == {"scan": [], "switch": []}  # a compiling step is not a timing
+
+
+def test_a_settled_shape_runs_one_layout_and_names_nothing_to_compile():
+    tuner = LayoutTuner(trials=2, recheck_every=4)
+    tuner.settle("k", "switch")
+    assert tuner.uncompiled("k", "switch") == []
+    assert run(tuner, "k", "scan", {"scan": 1.0, "switch": 2.0}, 9) == ["switch"] * 9  # no exploring, no rechecks
+    assert tuner.choose("k", "scan", timed=False) == "switch"
+    assert run(tuner, "other", "scan", {"scan": 1.0, "switch": 2.0}, 4) == ["scan"] * 3 + ["switch"]  # others explore

@@ -16,8 +16,8 @@ from jax_backend import (
     SeqInput,
     TargetRunner,
 )
-from jax_backend import sampling
-from jax_backend.layout_tuner import AUTO_SWITCH_SEQS, LayoutTuner
+from jax_backend import compiled_memory, sampling
+from jax_backend.layout_tuner import AUTO_SWITCH_SEQS, EXPLORE_ROOM, LayoutTuner
 from tests.jax_backend.allocator_utils import truncate
 from tests.tiny_checkpoints import load_hf_model, make_tiny_target
 
@@ -333,6 +333,32 @@ def test_auto_layer_loop_tunes_decode_and_verify_steps(checkpoint):
     assert _stacked_weight_slices(scan, wide, "switch")  # a scan runner has no other layout
     layer_bytes = sum(w.nbytes for w in scan.params["layers"].values())
     assert sum(auto.memory_per_device()["weights"].values()) == sum(scan.memory_per_device()["weights"].values()) + layer_bytes
+
+
+def test_near_the_mapping_limit_a_new_shape_compiles_one_layout(checkpoint, monkeypatch):
+    """Each layout of a shape is its own compiled program, and Linux caps a process's memory
+    mappings (`compiled_memory`): with room for fewer than EXPLORE_ROOM more programs, a decode
+    shape met for the first time compiles and runs only its default layout, for good; with room,
+    both (a benchmark process of five engines died of the second layouts, 2026-11-29)."""
+    runner = TargetRunner(checkpoint, page_size=8, max_total_tokens=512, max_num_seqs=4, aux_layer_ids=AUX)
+    prompts = [_ids(90 + i, 4 + i) for i in range(4)]
+    tables = [runner.allocator.allocate(i, len(p) + 12) for i, p in enumerate(prompts)]
+    runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    greedy = runner._sample_steps.get("greedy")
+    for m, room, programs in ((1, EXPLORE_ROOM - 1, 1), (3, EXPLORE_ROOM, 2)):
+        monkeypatch.setattr(compiled_memory, "program_room", lambda room=room: room)
+        seqs = [SeqInput([1], len(p), t) for p, t in zip(prompts[:m], tables[:m])]
+        before = greedy._cache_size() if greedy else 0
+        outs = [runner.sample(seqs, [0.0] * m, [1.0] * m, [0] * m).tokens for _ in range(8)]
+        greedy = runner._sample_steps["greedy"]
+        assert greedy._cache_size() - before == programs
+        loop, key = runner._tuner.choose_loop("sample", runner._batch(seqs)[0], "greedy", timed=True)
+        times = runner._tuner.times(key)
+        if programs == 1:  # settled: the scan (the default below AUTO_SWITCH_SEQS) on every step, nothing timed
+            assert loop == "scan" and runner._tuner.uncompiled(key, "scan") == [] and not times["switch"]
+        else:
+            assert len(times["scan"]) >= 3 and len(times["switch"]) >= 3
+        assert all(np.array_equal(o, outs[0]) for o in outs)  # same context each step: same tokens
 
 
 def _stacked_weight_slices(runner, seqs, loop: str | None = None) -> list[str]:
