@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -101,7 +102,9 @@ class TargetRunner:
         # The steps' view of the weights; `self.params` keeps the stacked layout (out-major on a CPU).
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
-        self.tune_verify = True  # verify steps too (an adaptive worker, whose shapes are many, turns it off)
+        # Verify steps of at most this many sequences (the padded batch) are tuned too: an adaptive
+        # worker, whose verify shapes are many, tunes only its small batches' few shapes.
+        self.tuned_verify_seqs: float = math.inf
         self._unread = None  # (shape, layer loop, dispatch time) of a timed step not waited for (`step_read`)
         self._switch_params = self._layout("switch") if self._tuner else self._step_params
 
@@ -232,7 +235,7 @@ class TargetRunner:
             raise BatchError(f"verify with sampling needs draft_probs [{num_seqs}, {block - 1}, V] and a key")
         fn = self._jitted(self._verify_steps, mode, steps.verify_step, norm_block=self._norm_block)
         accepted, bonus, features, self.kv_pool = self._run(
-            fn, "verify", batch, mode, self.tune_verify, block_rows, token_rows, drafts, num_drafts,
+            fn, "verify", batch, mode, num_seqs <= self.tuned_verify_seqs, block_rows, token_rows, drafts, num_drafts,
             *arrays, draft_probs, key, block=block,
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)

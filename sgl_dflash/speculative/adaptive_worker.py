@@ -44,6 +44,14 @@ logger = logging.getLogger(__name__)
 # keeps measuring drafts at that load. Not more often: while one request has context, every step
 # of its batch runs the drafting path (plan, commit, learning), ~2% dearer than NONE's at 8.
 MEASURED_EVERY = 64
+# Verify shapes of up to this many sequences are timed in both layer loops (the rest run the scan).
+# At one request the scan made a verify step ~1.5x the plain step (which the tuner runs on the
+# switch) against ~1.3x on the switch, and the policy drafted half as often as a fixed block of 4
+# paid (docs/adaptive.md, 2026-11-29 night). Not all: each tuned shape is a second program (~400
+# mappings, ~8 s to compile on this CPU) that the startup sweep compiles at each swept context;
+# up to 2 sequences it is 10 of the 47 shapes at B=8 (a first startup 594 s against 466, with 4
+# 756 s), and beyond a few requests this CPU serves plain steps anyway.
+TUNED_VERIFY_SEQS = 2
 
 
 @jax.jit
@@ -60,10 +68,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
         self.admitted = 0  # requests prefilled
-        # Verify steps keep the runner's scan: a second layout per shape (jax_backend.layout_tuner)
-        # would compile mid-serving for each of the dozens of shapes the policy uses (not measured).
-        # Plain steps are NONE's decode steps and are tuned as NONE's are (`step_read`).
-        self.runner.tune_verify = False
+        # The layer-loop tuner (jax_backend.layout_tuner) times both layouts of the verify shapes of
+        # up to TUNED_VERIFY_SEQS sequences; larger ones keep the scan. Plain steps are NONE's
+        # decode steps, tuned as NONE's are.
+        self.runner.tuned_verify_seqs = TUNED_VERIFY_SEQS
         # A DFlash 2 drafter has no per-draft logits: its requests go by their recent acceptance.
         self.has_confidence = not self.proposer.config.is_dflash2
         # Most steps commit 1 or 2 rows per request (a plain step, a verify of one draft): drafts

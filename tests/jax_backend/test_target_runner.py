@@ -361,6 +361,31 @@ def test_near_the_mapping_limit_a_new_shape_compiles_one_layout(checkpoint, monk
         assert all(np.array_equal(o, outs[0]) for o in outs)  # same context each step: same tokens
 
 
+def test_verify_steps_past_tuned_verify_seqs_run_the_scan_alone(checkpoint):
+    """`tuned_verify_seqs` (the adaptive worker's TUNED_VERIFY_SEQS): verify steps of up to that
+    many sequences (the padded batch) compile and time both layer loops, larger ones compile and
+    run the scan only, one program per shape; the same accept counts and tokens either way."""
+    runner = TargetRunner(checkpoint, page_size=8, max_total_tokens=512, max_num_seqs=4, aux_layer_ids=AUX)
+    runner.tuned_verify_seqs = 2
+    prompts = [_ids(40 + i, 4 + i) for i in range(3)]
+    tables = [runner.allocator.allocate(i, len(p) + 12) for i, p in enumerate(prompts)]
+    runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    for m, programs in ((2, 2), (3, 1)):  # 3 sequences pad to 4
+        seqs = [SeqInput([5, 6, 7], len(p), t, "all") for p, t in zip(prompts[:m], tables[:m])]
+        before = runner._verify_steps["greedy"]._cache_size() if "greedy" in runner._verify_steps else 0
+        outs = [runner.verify(seqs) for _ in range(8)]
+        assert runner._verify_steps["greedy"]._cache_size() - before == programs
+        key = runner._tuner.choose_loop("verify", runner._batch(seqs)[0], "greedy", timed=False, block=3)[1]
+        times = runner._tuner.times(key)
+        if programs == 2:
+            assert len(times["scan"]) >= 3 and len(times["switch"]) >= 3
+        else:
+            assert not times["scan"] and not times["switch"]
+        for out in outs[1:]:  # same context each step: same outcome
+            np.testing.assert_array_equal(out.accepted, outs[0].accepted)
+            np.testing.assert_array_equal(out.bonus, outs[0].bonus)
+
+
 def _stacked_weight_slices(runner, seqs, loop: str | None = None) -> list[str]:
     """Lines of the greedy sample program with `loop`'s weights (default: the runner's own
     layout), before XLA's passes, that slice a layer out of a stacked [num_layers, ...] weight
