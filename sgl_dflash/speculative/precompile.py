@@ -70,9 +70,10 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))  # the drafter's batch buckets too
     all_drafts = {(rows, b) for rows in plain_batches for b in policy.blocks}
     per_context = len(shapes) + len(all_drafts) + len(plain_batches)
-    # A shape the runner's tuner times compiles its switch program too (~400 mappings: two programs)
+    # A shape the runner's tuner times compiles its switch program too, ~1.5 programs' mappings
+    # (SmolLM2: 20 of them took 7,542, docs/adaptive.md 2026-11-29 night)
     switched = sum(shape[0] <= runner.tuned_verify_seqs for shape in shapes) + len(plain_batches)
-    programs = per_context + 2 * switched
+    programs = per_context + (3 * switched + 1) // 2
     room = compiled_memory.program_room()
     if room is not None and room < len(contexts) * programs + SERVING_PROGRAMS:
         kept = max(0, (room - SERVING_PROGRAMS) // programs)

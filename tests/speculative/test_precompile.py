@@ -29,8 +29,17 @@ def test_verify_shapes_are_every_shape_a_batch_can_take():
             assert step_shape(lens) == shape and len(lens) <= max_requests and lens.max() <= block
 
 
+def _a_fresh_process_room() -> int:
+    """The room of a process that compiled nothing yet under Linux's default limit
+    (`compiled_memory.program_room`), for the tests of what the sweep covers: in a long test
+    session the programs of earlier tests fill the process's mappings, and the sweep would
+    rightly leave its context out (tested below)."""
+    return 65_530 // compiled_memory.MAPS_PER_PROGRAM
+
+
 def test_a_precompiled_adaptive_engine_compiles_no_decode_step(engine_kwargs, trained_draft_dir, spec_prompts,
                                                                none_engine, monkeypatch):
+    monkeypatch.setattr(compiled_memory, "program_room", _a_fresh_process_room)
     engine = Engine(**{**engine_kwargs, "max_running_requests": 4}, speculative_algorithm="DFLASH",
                     speculative_draft_model_path=trained_draft_dir, speculative_num_draft_tokens=4,
                     speculative_adaptive=True, disable_precompile=False)
@@ -69,6 +78,7 @@ def test_the_cost_model_knows_what_is_compiled_past_the_first_context_bucket(eng
     sweep, a step the cost model takes as compiled never compiles, also once contexts grow past
     the swept bucket (where the same shapes compile again and the policy must know it)."""
     monkeypatch.setattr(precompile, "SWEPT_CONTEXTS", (192,))  # the second bucket (512 tokens) not swept
+    monkeypatch.setattr(compiled_memory, "program_room", _a_fresh_process_room)
     kwargs = {**engine_kwargs, "max_running_requests": 4, "context_length": 512}
     engine = Engine(**kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
                     speculative_num_draft_tokens=4, speculative_adaptive=True, disable_precompile=False)
