@@ -240,12 +240,6 @@ class TargetRunner:
         )
         return VerifyOutput(np.asarray(accepted)[:n], np.asarray(bonus)[:n], features)
 
-    @property
-    def settle_steps(self) -> int:
-        """Timed steps after its first (which compiles) until the layer-loop tuner runs a tuned
-        shape in its faster layout (0: no tuner; every step runs the one layout)."""
-        return self._tuner.trials * len(self._tuner.layouts) if self._tuner else 0
-
     def step_read(self) -> None:
         """The caller has read the outputs of its last `sample(wait=False)` step: the seconds since
         it was dispatched (the caller's host work in between included, the same for either

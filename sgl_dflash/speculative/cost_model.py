@@ -132,17 +132,9 @@ class CostModel:
         self._memo.clear()
         table[key] = self._current(name, key)
 
-    def measure(self, name: str, key: tuple, seconds: float) -> None:
-        """A reading taken outside serving (the startup sweep times the programs it compiles),
-        kept as a step's is ("verify": an (S, T, Q) shape; "draft": (batch bucket, draft block)),
-        no step counted: the policy starts from the machine's own c(K) curve, not a line through
-        the few shapes a first request measures."""
-        self._update(self.verify_s if name == "verify" else self.draft_s, name, key, seconds)
-        self._line = None
-
-    def readings(self, key: tuple, name: str = "verify") -> int:
-        """How many current measurements the cost of this verify shape (or draft key) is the median of."""
-        return len(self._samples.get((name, key), ()))
+    def readings(self, shape: tuple[int, int, int]) -> int:
+        """How many current measurements this verify shape's cost is the median of."""
+        return len(self._samples.get(("verify", shape), ()))
 
     def _current(self, name: str, key: tuple) -> float:
         """The median of a program's readings at the machine's speed now."""

@@ -14,22 +14,15 @@ added with zero features, then released. Greedy programs at `SWEPT_CONTEXTS` (ca
 the target's buckets of 256 and 512 tokens; the drafter's windows of 128, 256 and 512) and the
 drafter's prompt chunks are swept; sampling modes, longer contexts and the target's prefill shapes
 still compile when first met (the policy knows which: `CostModel.at`).
-
-At the first swept context each program is also timed (`MEASURED_RUNS` runs, after the layer-loop
-tuner has settled a tuned shape's layout) and the readings go to the cost model: without them a
-fresh engine priced every shape it had not run from a line through the few a first request runs
-(one sequence, 2-8 rows, where a verify costs about a plain step), and its first batch of 8
-requests drafted where drafts do not pay on this CPU (docs/adaptive.md, 2026-11-29, late night).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -45,9 +38,6 @@ SWEPT_CONTEXTS = (192, 384)
 # stays after it; with Linux's default limit one engine sweeps both contexts, a second adaptive
 # engine in the same process none.
 SERVING_PROGRAMS = 64
-# Timed runs of each program at the first swept context: its readings in the cost model (whose
-# speed clock takes a program's readings from the third on).
-MEASURED_RUNS = 3
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +63,7 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     of its features (the pending-row write; per batch bucket also the flush that plain steps in a
     row end in), every draft program (batch bucket x draft block; in the first bucket at both
     drafter windows) and, per batch bucket, the greedy sampling program that steps verifying no
-    draft run; the policy's cost model learns they are compiled, and at the first context what
-    each costs (`MEASURED_RUNS` timed runs)."""
+    draft run; the policy's cost model learns they are compiled."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
@@ -107,21 +96,15 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
             # tokens): there, drafts run for the `context` prefix and for a short one too.
             short = context == contexts[0] and context > proposer.min_read_len // 2
             drafts = set(all_drafts)
-            measured = context == contexts[0]
             for shape in shapes:
                 lens = _lens_for(*shape, block)
-                seqs = [SeqInput([0] * int(n), context, pages, "all") for n in lens]
                 start = time.perf_counter()
-                out = runner.verify(seqs, block_size=max(2, shape[2]))
+                out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
+                                    block_size=max(2, shape[2]))
                 policy.cost.observe_compile(time.perf_counter() - start)  # what a compile costs here
-                if measured and shape[2] > 1:  # (S, T, 1) is the plain step: the sampling program's, below
-                    tuned = runner.settle_steps if shape[0] <= runner.tuned_verify_seqs else 0
-                    _measure(policy.cost, "verify", shape, lambda: runner.verify(seqs, block_size=max(2, shape[2])),
-                             settle=tuned)
                 ids = [(_SWEEP_ID, i) for i in range(len(lens))]
                 first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
-                windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket,
-                                            measured=measured)
+                windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
                 if first_of_bucket and short:
                     windows += _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))],
                                                  features[: proposer.min_read_len // 2], out.features,
@@ -136,16 +119,11 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
             for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
                 # as the worker's: not waited for, then reported read (its first step compiles
                 # every layer loop the runner's tuner times)
-                def plain(n=n):
-                    out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
-                                        device_features=True, wait=False)
-                    worker.plain_block(out.device_features)
-                    np.asarray(out.tokens)
-                    runner.step_read()
-
-                plain()
-                if measured:
-                    _measure(policy.cost, "verify", step_shape(np.ones(n, np.int64)), plain, settle=runner.settle_steps)
+                out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
+                                    device_features=True, wait=False)
+                worker.plain_block(out.device_features)
+                np.asarray(out.tokens)
+                runner.step_read()
                 bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)
@@ -162,23 +140,11 @@ def _drafter_prefills(proposer: Any) -> None:
         rows *= 2
 
 
-def _measure(cost: Any, name: str, key: tuple, run: Callable[[], Any], *, settle: int = 0) -> None:
-    """`settle` untimed runs (the layer-loop tuner's trials of a tuned shape), then `MEASURED_RUNS`
-    timed ones, each a reading of `key` in the cost model."""
-    for _ in range(settle):
-        jax.block_until_ready(run())
-    for _ in range(MEASURED_RUNS):
-        start = time.perf_counter()
-        jax.block_until_ready(run())
-        cost.measure(name, key, time.perf_counter() - start)
-
-
 def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, verified: Any, *,
-                      flush_and_draft: bool, measured: bool = False) -> list[int]:
+                      flush_and_draft: bool) -> list[int]:
     """Adds `ids` with `context_features`, commits the verify step's features (a plain step); with
     `flush_and_draft`, also the plain steps in a row that end in a flush of the pending rows, and a
-    draft of every block (timed if `measured`); then releases them. Returns the drafter windows
-    drafted at."""
+    draft of every block; then releases them. Returns the drafter windows drafted at."""
     proposer = worker.proposer
     for seq_id in ids:
         proposer.add(seq_id, context_features)
@@ -190,12 +156,7 @@ def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, veri
             return []
         window = proposer.read_len(ids)
         for b in worker.policy.blocks:
-            def draft(b=b):
-                return proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
-
-            draft()
-            if measured:
-                _measure(worker.policy.cost, "draft", (bucket(len(ids)), b), draft)
+            proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
         return [window]
     finally:
         for seq_id in ids:
