@@ -56,6 +56,8 @@ class Batch:
     loop_to_longest: bool = dataclasses.field(default=False, metadata=dict(static=True))
     # the logits' matmul computes [V, R] and then transposes (`model.final_logits`; for CPU)
     vocab_major_logits: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # the cached prefix's attention runs the CPU kernel where it applies (`paged_attention._attend_pages`)
+    cpu_attention: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,7 @@ def build_batch(
     query_tiles: bool = True,
     loop_to_longest: bool = False,
     vocab_major_logits: bool = False,
+    cpu_attention: bool = False,
 ) -> tuple[Batch, BatchLayout]:
     """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
 
@@ -105,7 +108,7 @@ def build_batch(
     of 100 tokens ran as 1,024 rows), and a prefill program compiles in about a second.
     `query_tiles`: let attention take query tiles where they compute less (`choose_query_tile`);
     False keeps the dense per-sequence blocks (the layout before tiles, for comparison).
-    `loop_to_longest`, `vocab_major_logits`: see `Batch`.
+    `loop_to_longest`, `vocab_major_logits`, `cpu_attention`: see `Batch`.
 
     The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
     see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
@@ -160,6 +163,7 @@ def build_batch(
         query_tile=choose_query_tile(num_tokens, max_seqs, max_q_len) if query_tiles else 0,
         loop_to_longest=loop_to_longest,
         vocab_major_logits=vocab_major_logits,
+        cpu_attention=cpu_attention,
     )
     layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
     return batch, layout

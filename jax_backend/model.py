@@ -190,6 +190,7 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
             max_q_len=batch.max_q_len,
             query_tile=batch.query_tile,
             loop_to_longest=batch.loop_to_longest,
+            cpu_kernel=batch.cpu_attention,
         )
         h = h + mm(attn.reshape(num_tokens, q_dim), "o_proj")
 

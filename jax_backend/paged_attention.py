@@ -42,6 +42,9 @@ import numpy as np
 DEFAULT_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_CHUNK_TOKENS = 256
 DEFAULT_QUERY_TILE = 128
+# The CPU kernel's range: decode steps and verify blocks of up to 4 tokens. At 8 queries per
+# sequence XLA's batched dots are as fast (1 x 256 tokens: 0.23 vs 0.24 ms a layer), at 16 faster.
+CPU_KERNEL_MAX_Q_LEN = 4
 
 
 class _QueryLayout(NamedTuple):
@@ -98,11 +101,24 @@ def _online_softmax_step(state, q, keys, values, visible, sm_scale, mask_value):
     return _SoftmaxState(m_new, l_new, alpha[..., None] * state.acc + pv)
 
 
-def _attend_pages(state, q, kv_pages, page_indices, limit, *, sm_scale, mask_value, chunk_tokens, longest=None):
-    """Fold cache positions k < limit[s, j] into the state, chunk by chunk over the pages of
-    `page_indices` (columns past a sequence's pages point at the scratch page 0 and are masked by
-    `limit`): all of its chunks, or only those below `longest` (a device scalar: no real query
-    sees a position at or past it) when given."""
+def _attend_pages(q, kv_pages, page_indices, limit, num_seqs, *, sm_scale, mask_value, chunk_tokens, longest=None,
+                  cpu_kernel=False):
+    """The online-softmax state of queries q over cache positions k < limit[s, j], chunk by chunk
+    over the pages of `page_indices` (columns past a sequence's pages point at the scratch page 0
+    and are masked by `limit`): all of its chunks, or only those below `longest` (a device scalar:
+    no real query sees a position at or past it) when given.
+
+    `cpu_kernel` (a CPU runner sets it; see `Batch.cpu_attention`): float32 steps of at most
+    CPU_KERNEL_MAX_Q_LEN queries per sequence run `cpu_kernels.paged_prefix_attention` instead,
+    which reads each cached K/V row once where it lies (XLA's gathers copy every chunk first)."""
+    state = _init_state(q, mask_value)
+    if page_indices.shape[1] == 0:
+        return state
+    if cpu_kernel and q.shape[1] <= CPU_KERNEL_MAX_Q_LEN and q.dtype == kv_pages.dtype == jnp.float32:
+        from jax_backend import cpu_kernels
+
+        return _SoftmaxState(*cpu_kernels.paged_prefix_attention(
+            q, kv_pages, page_indices, limit, num_seqs, sm_scale=sm_scale, mask_value=mask_value))
     _, page_size, num_combined, head_dim = kv_pages.shape
     max_seqs, pages_per_seq = page_indices.shape
     chunk_pages = max(1, min(chunk_tokens // page_size, pages_per_seq))
@@ -187,6 +203,7 @@ def ragged_paged_attention(
     max_q_len: int | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     loop_to_longest: bool = False,
+    cpu_kernel: bool = False,
 ) -> jax.Array:
     """Attention of packed ragged queries over paged K/V (new tokens already in the pages);
     returns [T, Hq, D].
@@ -195,6 +212,7 @@ def ragged_paged_attention(
     slower). A bound smaller than a real q_len gives wrong results: callers that pad to buckets
     (see `jax_backend.batch`) know the bound. `loop_to_longest`: visit only the chunks holding
     the longest real sequence's context (a device-side trip count: for CPU; see the module doc).
+    `cpu_kernel`: the cached prefix through the CPU kernel where it applies (`_attend_pages`).
     """
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     num_tokens, num_q_heads, _ = queries.shape
@@ -204,9 +222,9 @@ def ragged_paged_attention(
 
     q_pos = (kv_lens - layout.q_lens)[:, None] + jnp.arange(max_q_len)[None, :]
     state = _attend_pages(
-        _init_state(q, mask_value), q, kv_pages, page_indices, q_pos + 1,
+        q, kv_pages, page_indices, q_pos + 1, num_seqs,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
-        longest=_longest(kv_lens, num_seqs) if loop_to_longest else None,
+        longest=_longest(kv_lens, num_seqs) if loop_to_longest else None, cpu_kernel=cpu_kernel,
     )
     return _finish(state, layout, queries.dtype, num_q_heads)
 
@@ -227,6 +245,7 @@ def prefix_block_attention(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     query_tile: int | None = None,
     loop_to_longest: bool = False,
+    cpu_kernel: bool = False,
 ) -> jax.Array:
     """Same result as writing the new K/V into the pages and calling `ragged_paged_attention`,
     without the write: cache positions < kv_len - q_len come from the pages (anything stored at
@@ -237,8 +256,8 @@ def prefix_block_attention(
     over the window of rows a tile can need (T x (tile + Q) scores). None picks the cheaper: a
     prefill batch with one long prompt among short ones pays S x Q x Q for its longest prompt in
     the dense layout (8 prompts, 943 tokens, one of 310: Q = 512, 2.1M scores per head and layer
-    against 0.66M in tiles of 128). `loop_to_longest`: as in `ragged_paged_attention`, up to
-    the longest cached prefix."""
+    against 0.66M in tiles of 128). `loop_to_longest`, `cpu_kernel`: as in
+    `ragged_paged_attention`."""
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     num_tokens, num_q_heads, _ = queries.shape
     num_kv_heads = kv_pages.shape[2] // 2
@@ -253,9 +272,9 @@ def prefix_block_attention(
     prefix_lens = kv_lens - layout.q_lens
     limit = jnp.broadcast_to(prefix_lens[:, None], layout.rows.shape)
     state = _attend_pages(
-        _init_state(q, mask_value), q, kv_pages, page_indices, limit,
+        q, kv_pages, page_indices, limit, num_seqs,
         sm_scale=sm_scale, mask_value=mask_value, chunk_tokens=chunk_tokens,
-        longest=_longest(prefix_lens, num_seqs) if loop_to_longest else None,
+        longest=_longest(prefix_lens, num_seqs) if loop_to_longest else None, cpu_kernel=cpu_kernel,
     )
     if query_tile:  # the cached prefix's part (if any) moves to the packed rows and is merged there
         prefix = _packed_state(state, layout) if page_indices.shape[1] else None

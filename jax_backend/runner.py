@@ -54,6 +54,7 @@ class TargetRunner:
         layer_loop: str = "auto",
         fuse_projections: bool = False,
         tp_size: int = 1,
+        cpu_attention: bool | None = None,
     ):
         """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan"; on a CPU decode
         and verify steps run the scan or the switch, whichever `LayoutTuner` timed faster), "scan",
@@ -62,7 +63,10 @@ class TargetRunner:
         per-layer copies of the layer weights, kept beside `self.params` (the loaded stack).
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
-        `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`)."""
+        `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`).
+        `cpu_attention`: decode and short verify steps read the cached prefix through the CPU
+        kernel (`jax_backend.cpu_kernels`); None (default) = wherever it applies: one CPU device,
+        float32, the kernel built. True where it cannot apply is an error."""
         if layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
@@ -95,6 +99,7 @@ class TargetRunner:
         self.kv_pool = self._zeros_pool(shape, self.params["embed"].dtype)
         # On a CPU: attention's loop stops at the longest prefix, the logits' matmul is vocab-major (see Batch)
         self._loop_to_longest = self._vocab_major_logits = all(d.platform == "cpu" for d in self.kv_pool.devices())
+        self.cpu_attention = self._cpu_attention(cpu_attention)
 
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         if self._loop_to_longest and self.mesh is None:  # on a CPU: the weights out-major (`model.project`)
@@ -348,7 +353,23 @@ class TargetRunner:
         # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv` pads its scatter.
         return build_batch(seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_pages=self._min_pages,
                            fine_tokens=fine_tokens, query_tiles=query_tiles, loop_to_longest=self._loop_to_longest,
-                           vocab_major_logits=self._vocab_major_logits)
+                           vocab_major_logits=self._vocab_major_logits, cpu_attention=self.cpu_attention)
+
+    def _cpu_attention(self, wanted: bool | None) -> bool:
+        """Whether steps run the CPU attention kernel (`cpu_attention` of __init__)."""
+        if wanted is False:
+            return False
+        # Under tensor parallel XLA cannot partition a custom call (it would gather the pool).
+        applies = self._loop_to_longest and self.mesh is None and self.kv_pool.dtype == jnp.float32
+        if wanted and not applies:
+            raise ValueError("cpu_attention=True needs one CPU device and dtype float32")
+        if not applies:
+            return False
+        from jax_backend import cpu_kernels
+
+        if wanted and not cpu_kernels.available():
+            raise RuntimeError("cpu_attention=True but the CPU kernel could not be built (see the warning above)")
+        return cpu_kernels.available()
 
     @property
     def _min_pages(self) -> int:

@@ -1,0 +1,100 @@
+"""Hand-written XLA:CPU kernels, built on first use with the machine's C++ compiler.
+
+`paged_prefix_attention` is the cached-prefix part of `jax_backend.paged_attention` as one XLA
+custom call (the CPU's counterpart of the Pallas kernel slot on TPU/GPU): it reads each cached K/V
+row once, in place, where XLA's own gathers copy every page chunk before its dots read it.
+
+The shared library is compiled from `paged_attention.cc` (g++ or $CXX, `-O3 -march=native`,
+against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
+$XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the compiler, its flags and
+jaxlib's version: a few seconds once per machine. Where that cannot be done (no compiler, a
+read-only cache) `available()` is False, a warning says why, and callers keep the pure-JAX path.
+`SGL_DFLASH_CPU_KERNELS=0` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.cc")
+TARGET = "sgl_dflash_paged_prefix_attention"
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
+ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
+ENV_DIR = "SGL_DFLASH_KERNEL_DIR"
+
+
+def kernel_dir() -> Path:
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR])
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "sgl_dflash" / "cpu_kernels"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def build() -> Path:
+    """The compiled library's path, compiling it first if this source/compiler/jaxlib has none."""
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha1("\n".join([SOURCE.read_text(), version, " ".join(FLAGS), jaxlib.__version__]).encode())
+    path = kernel_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Compile beside the target and rename: processes building at once never load half a file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the CPU kernels are built and registered with XLA (once per process)."""
+    if os.environ.get(ENV_OFF, "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    try:
+        library = ctypes.CDLL(str(build()))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(library, TARGET)), platform="cpu")
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+        logger.warning("CPU attention kernel unavailable, using the pure-JAX attention: %s", e)
+        return False
+    return True
+
+
+def paged_prefix_attention(q, kv_pages, page_indices, limit, num_seqs, *, sm_scale: float, mask_value: float):
+    """Online-softmax state (m, l [S, Hkv, G, Q], acc [S, Hkv, G, Q, D], float32) of queries
+    q [S, Q, Hkv, G, D] over cache positions < limit[s, j] of each sequence's pages (float32
+    only; call `available()` first)."""
+    s, qm, hkv, g, d = q.shape
+    state = jax.ShapeDtypeStruct((s, hkv, g, qm), jnp.float32)
+    call = jax.ffi.ffi_call(TARGET, (state, state, jax.ShapeDtypeStruct((s, hkv, g, qm, d), jnp.float32)))
+    return call(q, kv_pages, page_indices.astype(jnp.int32), limit.astype(jnp.int32), num_seqs.astype(jnp.int32),
+                sm_scale=np.float32(sm_scale), mask_value=np.float32(mask_value))

@@ -1,0 +1,150 @@
+"""The CPU attention kernel (`jax_backend.cpu_kernels`): built on this machine, equal to the
+pure-JAX attention and to a dense reference, used by a CPU runner's decode steps by default."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_backend import SeqInput, TargetRunner, cpu_kernels
+from jax_backend.paged_attention import CPU_KERNEL_MAX_Q_LEN, interleave_kv, prefix_block_attention, ragged_paged_attention
+from tests.jax_backend.test_paged_attention import _dense_reference
+from tests.tiny_checkpoints import make_tiny_target
+
+PAGE, NUM_PAGES, PAGES_PER_SEQ, HEAD_DIM = 4, 64, 16, 64
+
+
+def test_the_kernel_builds_and_registers_here():
+    """CI's machines have a C++ compiler: the kernel must build, or every CPU step loses it."""
+    assert cpu_kernels.available()
+    assert cpu_kernels.build().exists()
+
+
+def test_a_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    monkeypatch.setenv(cpu_kernels.ENV_DIR, str(tmp_path))
+    with pytest.raises(RuntimeError, match="no C.. compiler .no-such-compiler-xyz."):
+        cpu_kernels.build()
+
+
+def _decode_case(num_q_heads, num_kv_heads, seed=0):
+    """Decode and short verify blocks (q_len <= CPU_KERNEL_MAX_Q_LEN) over scattered pages, a
+    sequence with no cached prefix, padding sequences with garbage lengths, garbage in the
+    scratch page and past every sequence's length."""
+    rng = np.random.default_rng(seed)
+    specs = [(1, 21), (4, 37), (1, 5), (2, 2), (3, 60), (1, 1)]  # (q_len, kv_len incl. the new tokens)
+    max_seqs, num_tokens = 8, 16
+    pool = rng.standard_normal((NUM_PAGES, PAGE, 2 * num_kv_heads, HEAD_DIM), np.float32)
+    pool[0] = 1e4  # scratch page: never read
+    pages = rng.permutation(np.arange(1, NUM_PAGES))
+    page_indices = np.zeros((max_seqs, PAGES_PER_SEQ), np.int32)
+    kv_lens = rng.integers(0, PAGES_PER_SEQ * PAGE, max_seqs).astype(np.int32)  # padding: garbage
+    cu_q_lens = np.zeros(max_seqs + 1, np.int32)
+    used = 0
+    for i, (q_len, kv_len) in enumerate(specs):
+        n = -(-kv_len // PAGE)
+        page_indices[i, :n] = pages[used : used + n]
+        used += n
+        kv_lens[i] = kv_len
+        cu_q_lens[i + 1] = cu_q_lens[i] + q_len
+        if kv_len % PAGE:  # stale tail of the last page
+            pool[page_indices[i, n - 1], kv_len % PAGE :] = -1e4
+    cu_q_lens[len(specs) + 1 :] = cu_q_lens[len(specs)]
+    arrays = dict(
+        queries=rng.standard_normal((num_tokens, num_q_heads, HEAD_DIM), np.float32),
+        kv_pages=pool, kv_lens=kv_lens, page_indices=page_indices, cu_q_lens=cu_q_lens,
+        num_seqs=np.array([len(specs)], np.int32),
+    )
+    return {k: jnp.asarray(v) for k, v in arrays.items()}, specs
+
+
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(9, 3), (4, 4), (8, 1)])
+def test_kernel_attention_equals_the_dense_reference_and_the_jax_path(num_q_heads, num_kv_heads):
+    args, specs = _decode_case(num_q_heads, num_kv_heads)
+    run = lambda kernel: np.asarray(jax.jit(functools.partial(
+        ragged_paged_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=CPU_KERNEL_MAX_Q_LEN, chunk_tokens=16,
+        cpu_kernel=kernel))(**args))
+    ours, jax_path = run(True), run(False)
+    np.testing.assert_allclose(ours, jax_path, atol=2e-6, rtol=0)
+    real = int(args["cu_q_lens"][len(specs)])
+    assert np.all(ours[real:] == 0)
+    pool, queries = np.asarray(args["kv_pages"]), np.asarray(args["queries"])
+    for i, (q_len, kv_len) in enumerate(specs):
+        strip = pool[np.asarray(args["page_indices"][i])].reshape(-1, 2 * num_kv_heads, HEAD_DIM)
+        start = int(args["cu_q_lens"][i])
+        expected = _dense_reference(queries[start : start + q_len], strip[:kv_len, 0::2], strip[:kv_len, 1::2],
+                                    HEAD_DIM**-0.5)
+        np.testing.assert_allclose(ours[start : start + q_len], expected, atol=1e-5, rtol=0)
+
+
+def test_kernel_prefix_attention_equals_the_jax_path():
+    """The model's variant: the kernel reads the cached prefix, the new tokens come as arrays
+    (a sequence whose prefix is empty sees only its new tokens)."""
+    args, specs = _decode_case(9, 3, seed=1)
+    rng = np.random.default_rng(2)
+    k, v = (jnp.asarray(rng.standard_normal((16, 3, HEAD_DIM), np.float32)) for _ in range(2))
+    rest = {name: value for name, value in args.items() if name != "queries"}
+    run = lambda kernel: np.asarray(jax.jit(functools.partial(
+        prefix_block_attention, sm_scale=HEAD_DIM**-0.5, max_q_len=CPU_KERNEL_MAX_Q_LEN, chunk_tokens=16,
+        loop_to_longest=True, cpu_kernel=kernel))(args["queries"], k, v, **rest))
+    np.testing.assert_allclose(run(True), run(False), atol=2e-6, rtol=0)
+
+
+def test_the_kernel_runs_only_where_it_applies():
+    """Longer query blocks and bfloat16 pools keep XLA's attention (the kernel is float32, for
+    up to CPU_KERNEL_MAX_Q_LEN queries per sequence)."""
+    args, _ = _decode_case(9, 3)
+    rest = {name: value for name, value in args.items() if name != "queries"}
+
+    def lowered(max_q_len, dtype=jnp.float32):
+        fn = functools.partial(ragged_paged_attention, sm_scale=0.125, max_q_len=max_q_len, cpu_kernel=True)
+        return jax.jit(fn).lower(args["queries"].astype(dtype), **dict(rest, kv_pages=rest["kv_pages"].astype(dtype)))
+
+    assert cpu_kernels.TARGET in lowered(CPU_KERNEL_MAX_Q_LEN).as_text()
+    assert cpu_kernels.TARGET not in lowered(2 * CPU_KERNEL_MAX_Q_LEN).as_text()
+    assert cpu_kernels.TARGET not in lowered(CPU_KERNEL_MAX_Q_LEN, jnp.bfloat16).as_text()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_target(tmp_path_factory.mktemp("cpu_kernels"), "llama")
+
+
+def test_a_cpu_runner_decodes_through_the_kernel_with_the_same_tokens(checkpoint):
+    """By default a float32 CPU runner's decode steps run the kernel; greedy tokens, logits and
+    features equal a runner without it."""
+    runners = [TargetRunner(checkpoint, page_size=8, max_total_tokens=1024, max_num_seqs=4, aux_layer_ids=(1,),
+                            cpu_attention=flag) for flag in (None, False)]
+    assert runners[0].cpu_attention and not runners[1].cpu_attention
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (5, 40, 300)]  # the last past one 256-token chunk
+    results = []
+    for r in runners:
+        tables = [r.allocator.allocate(i, len(p) + 12) for i, p in enumerate(prompts)]
+        first = r.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+        tokens = [[int(l[0].argmax())] for l in first.logits]
+        features = []
+        for step in range(10):
+            seqs = [SeqInput([tok[-1]], len(p) + step, t) for p, tok, t in zip(prompts, tokens, tables)]
+            out = r.sample(seqs, [0.0] * 3, [1.0] * 3, [0] * 3)
+            features.append(np.concatenate([np.asarray(a) for a in out.aux_hidden]))
+            for tok, new in zip(tokens, out.tokens):
+                tok.append(int(new))
+        step_fn = r._sample_steps["greedy"]
+        batch, _ = r._batch(seqs)
+        greedy = tuple(np.asarray(a) for a in (np.zeros(4, np.float32), np.ones(4, np.float32), np.zeros(4, np.int32)))
+        text = step_fn.lower(r._step_params, r.kv_pool, batch, *greedy, None).as_text()
+        results.append((tokens, features, cpu_kernels.TARGET in text))
+    assert results[0][2] and not results[1][2]
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+def test_cpu_attention_true_where_it_cannot_apply_is_an_error(checkpoint):
+    with pytest.raises(ValueError, match="cpu_attention=True needs one CPU device and dtype float32"):
+        TargetRunner(checkpoint, dtype="bfloat16", max_total_tokens=64, cpu_attention=True)
