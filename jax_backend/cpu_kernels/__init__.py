@@ -6,8 +6,8 @@ row once, in place, where XLA's own gathers copy every page chunk before its dot
 
 The shared library is compiled from `paged_attention.cc` (g++ or $CXX, `-O3 -march=native`,
 against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
-$XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the compiler, its flags and
-jaxlib's version: a few seconds once per machine. Where that cannot be done (no compiler, a
+$XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the compiler, its flags,
+jaxlib's version and the CPU's features: a few seconds once per machine. Where that cannot be done (no compiler, a
 read-only cache) `available()` is False, a warning says why, and callers keep the pure-JAX path.
 `SGL_DFLASH_CPU_KERNELS=0` turns the kernels off.
 """
@@ -19,6 +19,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -49,13 +50,24 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
+def _cpu_features() -> str:
+    """What `-march=native` compiles for: a library built on one CPU may not run on another that
+    shares the cache directory (AVX-512 on some of these machines, AVX2 only on others)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
 def build() -> Path:
     """The compiled library's path, compiling it first if this source/compiler/jaxlib has none."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha1("\n".join([SOURCE.read_text(), version, " ".join(FLAGS), jaxlib.__version__]).encode())
+    key = hashlib.sha1("\n".join([SOURCE.read_text(), version, " ".join(FLAGS), jaxlib.__version__,
+                                  _cpu_features()]).encode())
     path = kernel_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path

@@ -7,6 +7,8 @@
 2. For decode at B = 1, 4, 32 and verify blocks of K = 4, 8, 16 at B = 1, 4, all at `--context`
    cached tokens per sequence, times (median of interleaved repeats, ms per step):
    - ours: `TargetRunner.sample` (decode) / `TargetRunner.verify` (greedy), what the engine runs;
+   - on a CPU also "ours_xla_attention": the same runner with XLA's attention instead of the CPU
+     kernel (`TargetRunner(cpu_attention=False)`), the kernel's gain in the same run;
    - a plain dense JAX step over a contiguous KV cache (same weights; the simplest fast JAX);
    - "xla_dots": the step's weight matmuls alone (`dots_step`): what XLA's dot kernels take for
      these shapes, the part of any JAX step that the program around them cannot remove;
@@ -262,16 +264,25 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
     machine = measure_machine(on_gpu)
     max_batch = max(b for b, _ in cases)
     num_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
-    runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
-                          max_num_seqs=max_batch, max_model_len=context + 32, aux_layer_ids=aux_layers(num_layers),
-                          layer_loop=layer_loop, fuse_projections=fuse_projections)
+    def filled_runner(cpu_attention: bool | None) -> tuple[TargetRunner, list]:
+        runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
+                              max_num_seqs=max_batch, max_model_len=context + 32,
+                              aux_layer_ids=aux_layers(num_layers), layer_loop=layer_loop,
+                              fuse_projections=fuse_projections, cpu_attention=cpu_attention)
+        rng = np.random.default_rng(0)  # the same cached tokens in every runner
+        tables = [runner.allocator.allocate(i, context + 32) for i in range(max_batch)]
+        for i in range(0, max_batch, 4):  # cache `context` tokens per sequence, 4 sequences a forward
+            group = range(i, min(i + 4, max_batch))
+            runner.forward([SeqInput(rng.integers(0, runner.config.vocab_size, context).tolist(), 0, tables[j])
+                            for j in group])
+        return runner, tables
+
+    runner, tables = filled_runner(None)
+    # On a CPU, ours is also timed with XLA's attention (no CPU kernel): the kernel's gain in one run.
+    others = {"ours_xla_attention": filled_runner(False)} if runner.cpu_attention else {}
     config = runner.config
     params_bytes = target_bytes(runner)
-    rng = np.random.default_rng(0)
-    tables = [runner.allocator.allocate(i, context + 32) for i in range(max_batch)]
-    for i in range(0, max_batch, 4):  # cache `context` tokens per sequence, 4 sequences a forward
-        group = range(i, min(i + 4, max_batch))
-        runner.forward([SeqInput(rng.integers(0, config.vocab_size, context).tolist(), 0, tables[j]) for j in group])
+    rng = np.random.default_rng(1)
     dense = DenseJax(runner, context + 16)
     dots = DotsOnly(runner, vocab_major=not on_gpu)  # the logits' orientation of the runner's steps
     impls = {"hf_dynamic": HfSteps(hf, context, static=False)} if hf is not None else {}
@@ -281,14 +292,9 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
     rows = []
     for batch, k in cases:
         tokens = rng.integers(0, config.vocab_size, (batch, k)).astype(np.int32)
-        if k == 1:
-            seqs = [SeqInput([int(t[0])], context, tables[i]) for i, t in enumerate(tokens)]
-            ours = lambda: runner.sample(seqs, [0.0] * batch, [1.0] * batch, [0] * batch)  # noqa: E731
-        else:
-            seqs = [SeqInput(t.tolist(), context, tables[i], "all") for i, t in enumerate(tokens)]
-            ours = lambda: runner.verify(seqs)  # noqa: E731
-        steps = {"ours": ours, "dense_jax": lambda: dense.run(tokens, context),
-                 "xla_dots": lambda: dots.run(batch * k)}
+        steps = {"ours": _our_step(runner, tables, tokens, context)}
+        steps.update({name: _our_step(r, t, tokens, context) for name, (r, t) in others.items()})
+        steps.update({"dense_jax": lambda: dense.run(tokens, context), "xla_dots": lambda: dots.run(batch * k)})
         for name, impl in impls.items():
             if batch <= hf_max_batch:
                 steps[name] = lambda impl=impl: impl.run(tokens)
@@ -296,7 +302,7 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         warmup = {}
         for name, fn in steps.items():  # warm-up: compiles, fills caches, and lets ours settle
             start = time.perf_counter()  # its layer loop (LayoutTuner: 1 + 3 timed steps per layout)
-            for _ in range(WARMUP_CALLS if name == "ours" else 2):
+            for _ in range(WARMUP_CALLS if name.startswith("ours") else 2):
                 fn()
             warmup[name] = time.perf_counter() - start
         for _ in range(repeats):  # interleaved: every implementation sees the same background load
@@ -322,13 +328,23 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
                                                   "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
                                                   "xla_flags": os.environ.get("XLA_FLAGS", "")},
         "runner": {"layer_loop": runner.layer_loop, "fuse_projections": runner.fuse_projections,
-                   "compilations": runner.num_compilations()},
+                   "cpu_attention": runner.cpu_attention, "compilations": runner.num_compilations()},
         "rows": rows,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "roofline.json").write_text(json.dumps(result, indent=2))
     plot(result, out_dir / "roofline.png")
     return result
+
+
+def _our_step(runner: TargetRunner, tables: list, tokens: np.ndarray, context: int):
+    """One greedy step of `runner` for each row of `tokens` [batch, k]: `sample` (k = 1) or `verify`."""
+    batch, k = tokens.shape
+    if k == 1:
+        seqs = [SeqInput([int(t[0])], context, tables[i]) for i, t in enumerate(tokens)]
+        return lambda: runner.sample(seqs, [0.0] * batch, [1.0] * batch, [0] * batch)
+    seqs = [SeqInput(t.tolist(), context, tables[i], "all") for i, t in enumerate(tokens)]
+    return lambda: runner.verify(seqs)
 
 
 def print_table(result: dict) -> None:
