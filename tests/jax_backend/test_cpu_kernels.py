@@ -3,6 +3,7 @@ pure-JAX attention and to a dense reference, used by a CPU runner's decode steps
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import jax
@@ -18,10 +19,15 @@ from tests.tiny_checkpoints import make_tiny_target
 PAGE, NUM_PAGES, PAGES_PER_SEQ, HEAD_DIM = 4, 64, 16, 64
 
 
-def test_the_kernel_builds_and_registers_here():
-    """CI's machines have a C++ compiler: the kernel must build, or every CPU step loses it."""
+def test_the_kernel_builds_and_registers_here(monkeypatch, tmp_path):
+    """CI's machines have a C++ compiler: the kernel must build (here into an empty directory, as
+    on a new machine), load and export its handler, or every CPU step loses it."""
     assert cpu_kernels.available()
-    assert cpu_kernels.build().exists()
+    monkeypatch.setenv(cpu_kernels.ENV_DIR, str(tmp_path))
+    path = cpu_kernels.build()
+    assert path.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert hasattr(ctypes.CDLL(str(path)), cpu_kernels.TARGET)
+    assert cpu_kernels.build() == path  # built once: the second call finds it
 
 
 def test_a_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
