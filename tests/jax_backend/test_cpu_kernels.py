@@ -13,7 +13,7 @@ import pytest
 
 from jax_backend import SeqInput, TargetRunner, cpu_kernels
 from jax_backend.paged_attention import CPU_KERNEL_MAX_Q_LEN, interleave_kv, prefix_block_attention, ragged_paged_attention
-from tests.jax_backend.test_paged_attention import _dense_reference
+from tests.jax_backend.test_paged_attention import _dense_reference, pack_specs
 from tests.tiny_checkpoints import make_tiny_target
 
 PAGE, NUM_PAGES, PAGES_PER_SEQ, HEAD_DIM = 4, 64, 16, 64
@@ -47,19 +47,11 @@ def _decode_case(num_q_heads, num_kv_heads, seed=0):
     pool = rng.standard_normal((NUM_PAGES, PAGE, 2 * num_kv_heads, HEAD_DIM), np.float32)
     pool[0] = 1e4  # scratch page: never read
     pages = rng.permutation(np.arange(1, NUM_PAGES))
-    page_indices = np.zeros((max_seqs, PAGES_PER_SEQ), np.int32)
-    kv_lens = rng.integers(0, PAGES_PER_SEQ * PAGE, max_seqs).astype(np.int32)  # padding: garbage
-    cu_q_lens = np.zeros(max_seqs + 1, np.int32)
-    used = 0
-    for i, (q_len, kv_len) in enumerate(specs):
-        n = -(-kv_len // PAGE)
-        page_indices[i, :n] = pages[used : used + n]
-        used += n
-        kv_lens[i] = kv_len
-        cu_q_lens[i + 1] = cu_q_lens[i] + q_len
+    garbage = rng.integers(0, PAGES_PER_SEQ * PAGE, max_seqs).astype(np.int32)  # padding sequences' lengths
+    page_indices, kv_lens, cu_q_lens = pack_specs(specs, pages, garbage, PAGES_PER_SEQ, PAGE)
+    for i, (_, kv_len) in enumerate(specs):
         if kv_len % PAGE:  # stale tail of the last page
-            pool[page_indices[i, n - 1], kv_len % PAGE :] = -1e4
-    cu_q_lens[len(specs) + 1 :] = cu_q_lens[len(specs)]
+            pool[page_indices[i, (kv_len - 1) // PAGE], kv_len % PAGE :] = -1e4
     arrays = dict(
         queries=rng.standard_normal((num_tokens, num_q_heads, HEAD_DIM), np.float32),
         kv_pages=pool, kv_lens=kv_lens, page_indices=page_indices, cu_q_lens=cu_q_lens,

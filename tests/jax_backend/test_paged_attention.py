@@ -49,17 +49,7 @@ def _mixed_case(num_q_heads, num_kv_heads, seed=0):
     max_seqs, num_tokens = 8, 32
     pool = rng.standard_normal((NUM_PAGES, PAGE, 2 * num_kv_heads, HEAD_DIM), np.float32)
     pages = rng.permutation(np.arange(1, NUM_PAGES))  # non-contiguous, never the scratch page 0
-    page_indices = np.zeros((max_seqs, PAGES_PER_SEQ), np.int32)
-    kv_lens = np.zeros(max_seqs, np.int32)
-    cu_q_lens = np.zeros(max_seqs + 1, np.int32)
-    used = 0
-    for i, (q_len, kv_len) in enumerate(specs):
-        n = -(-kv_len // PAGE)
-        page_indices[i, :n] = pages[used : used + n]
-        used += n
-        kv_lens[i] = kv_len
-        cu_q_lens[i + 1] = cu_q_lens[i] + q_len
-    cu_q_lens[len(specs) + 1 :] = cu_q_lens[len(specs)]
+    page_indices, kv_lens, cu_q_lens = pack_specs(specs, pages, np.zeros(max_seqs, np.int32), PAGES_PER_SEQ, PAGE)
     queries = rng.standard_normal((num_tokens, num_q_heads, HEAD_DIM), np.float32)
     arrays = dict(
         queries=queries,
@@ -70,6 +60,23 @@ def _mixed_case(num_q_heads, num_kv_heads, seed=0):
         num_seqs=np.array([len(specs)], np.int32),
     )
     return {k: jnp.asarray(v) for k, v in arrays.items()}, specs
+
+
+def pack_specs(specs, pages, kv_lens, pages_per_seq, page_size):
+    """Page table [S, pages_per_seq], kv_lens and cu_q_lens [S + 1] of sequences (q_len, kv_len),
+    their pages taken in turn from `pages`; rows of `kv_lens` past the specs (padding) are kept."""
+    max_seqs = kv_lens.shape[0]
+    page_indices = np.zeros((max_seqs, pages_per_seq), np.int32)
+    cu_q_lens = np.zeros(max_seqs + 1, np.int32)
+    used = 0
+    for i, (q_len, kv_len) in enumerate(specs):
+        n = -(-kv_len // page_size)
+        page_indices[i, :n] = pages[used : used + n]
+        used += n
+        kv_lens[i] = kv_len
+        cu_q_lens[i + 1] = cu_q_lens[i] + q_len
+    cu_q_lens[len(specs) + 1 :] = cu_q_lens[len(specs)]
+    return page_indices, kv_lens, cu_q_lens
 
 
 def _ours(args, max_q_len, chunk_tokens=8):
