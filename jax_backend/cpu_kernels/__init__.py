@@ -7,8 +7,9 @@ row once, in place, where XLA's own gathers copy every page chunk before its dot
 The shared library is compiled from `paged_attention.cc` (g++ or $CXX, `-O3 -march=native`,
 against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
 $XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the compiler, its flags,
-jaxlib's version and the CPU's features: a few seconds once per machine. Where that cannot be done (no compiler, a
-read-only cache) `available()` is False, a warning says why, and callers keep the pure-JAX path.
+jaxlib's version and the CPU's features: a few seconds once per machine. Where that cannot be
+done (no compiler, a read-only cache) `available()` is False, a warning says why, and callers
+keep the pure-JAX path.
 `SGL_DFLASH_CPU_KERNELS=0` turns the kernels off.
 """
 
@@ -61,7 +62,8 @@ def _cpu_features() -> str:
 
 
 def build() -> Path:
-    """The compiled library's path, compiling it first if this source/compiler/jaxlib has none."""
+    """The compiled library's path, compiling it first where this key (source, compiler, flags,
+    jaxlib, CPU) has none."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
