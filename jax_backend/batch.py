@@ -58,6 +58,8 @@ class Batch:
     vocab_major_logits: bool = dataclasses.field(default=False, metadata=dict(static=True))
     # the cached prefix's attention runs the CPU kernel where it applies (`paged_attention._attend_pages`)
     cpu_attention: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # projections and logits of steps of <= 64 rows run the CPU matmul kernel (`model.project`)
+    cpu_matmul: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,7 @@ def build_batch(
     loop_to_longest: bool = False,
     vocab_major_logits: bool = False,
     cpu_attention: bool = False,
+    cpu_matmul: bool = False,
 ) -> tuple[Batch, BatchLayout]:
     """Pack `seqs` into a `Batch` (device arrays) plus its host-side `BatchLayout`.
 
@@ -108,7 +111,7 @@ def build_batch(
     of 100 tokens ran as 1,024 rows), and a prefill program compiles in about a second.
     `query_tiles`: let attention take query tiles where they compute less (`choose_query_tile`);
     False keeps the dense per-sequence blocks (the layout before tiles, for comparison).
-    `loop_to_longest`, `vocab_major_logits`, `cpu_attention`: see `Batch`.
+    `loop_to_longest`, `vocab_major_logits`, `cpu_attention`, `cpu_matmul`: see `Batch`.
 
     The page table covers the cached prefixes (the model attends to this step's tokens as arrays,
     see `prefix_block_attention`): its width is the context bucket, the longest `start_pos` in
@@ -164,6 +167,7 @@ def build_batch(
         loop_to_longest=loop_to_longest,
         vocab_major_logits=vocab_major_logits,
         cpu_attention=cpu_attention,
+        cpu_matmul=cpu_matmul,
     )
     layout = BatchLayout(tuple(token_starts), tuple(q_lens), tuple(logit_starts), tuple(n_logits))
     return batch, layout

@@ -105,7 +105,8 @@ def forward(
         slots = jnp.where(jnp.isnan(h[0, 0]), 0, slots)
     # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
     kv_pool = write_kv(kv_pool, new_kv, slots)
-    return final_logits(params, config, h, batch.logits_indices, batch.vocab_major_logits), aux, kv_pool
+    logits = final_logits(params, config, h, batch.logits_indices, batch.vocab_major_logits, batch.cpu_matmul)
+    return logits, aux, kv_pool
 
 
 # The widest step whose logits `final_logits` computes vocabulary-major (break-even ~64 rows on CPU).
@@ -113,7 +114,7 @@ VOCAB_MAJOR_MAX_ROWS = 64
 
 
 def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Array,
-                 vocab_major: bool = False) -> jax.Array:
+                 vocab_major: bool = False, cpu_kernel: bool = False) -> jax.Array:
     """float32 logits [R, V] of hidden rows `rows` (final norm, then lm_head).
 
     `vocab_major` (the runner sets it on a CPU): for R > 1 rows compute lm_head @ last.T [V, R]
@@ -122,22 +123,47 @@ def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Arr
     49,152 x 576 head: 12.7 -> 7.5 ms at R = 8, 22.7 -> 16.8 ms at R = 32; docs/performance.md
     section 22). Past VOCAB_MAJOR_MAX_ROWS rows it is the slower one (1.10x at 128 rows, 1.35x at
     512: a batch-32 verify of 8-token blocks has 256), so wider steps keep the plain dot. Same
-    products, another summation order: logits differ by float rounding (<= 3e-5 on SmolLM2's)."""
+    products, another summation order: logits differ by float rounding (<= 3e-5 on SmolLM2's).
+    `cpu_kernel` (`Batch.cpu_matmul`): steps of at most CPU_MATMUL_MAX_ROWS float32 rows take
+    `cpu_kernels.rows_matmul` instead (lm_head [V, H] is out-major as it is)."""
     last = rms_norm(h[rows], params["norm"], config.rms_norm_eps)
+    if _kernel_rows(cpu_kernel, last, params["lm_head"]):
+        from jax_backend import cpu_kernels
+
+        return cpu_kernels.rows_matmul(last, params["lm_head"])
     if vocab_major and 1 < last.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
         return jax.lax.optimization_barrier(params["lm_head"] @ last.T).T.astype(jnp.float32)
     return (last @ params["lm_head"].T).astype(jnp.float32)
 
 
-def project(w: dict, x: jax.Array, name: str) -> jax.Array:
+# The widest step whose projections run the CPU matmul kernel (`project`): it beat XLA's dots at
+# every width up to 64 rows (docs/performance.md section 29); prefill chunks keep XLA's GEMM.
+CPU_MATMUL_MAX_ROWS = 64
+
+
+def _kernel_rows(cpu_kernel: bool, x: jax.Array, w: jax.Array) -> bool:
+    return cpu_kernel and x.shape[0] <= CPU_MATMUL_MAX_ROWS and x.dtype == w.dtype == jnp.float32
+
+
+def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: jax.Array | None = None) -> jax.Array:
     """x [T, in] @ the layer's weight `name`. Stored out-major (`out_major_layers`: name + "_t",
-    [out, in]) and T <= VOCAB_MAJOR_MAX_ROWS, it is computed as w_t @ x.T behind an
-    optimization barrier and transposed back, the orientation of `final_logits`: XLA:CPU's
-    kernels run the dots of a 1-32-row step 1.2-1.7x faster so (docs/performance.md section 25);
-    wider steps (prefill) take x @ w_t.T, as fast as the [in, out] layout there."""
+    [out, in]), it runs as:
+      - the CPU matmul kernel (`cpu_kernel`, `Batch.cpu_matmul`) for T <= CPU_MATMUL_MAX_ROWS
+        float32 rows; with `layer` the weight is the whole layer stack [L, out, in], which the
+        kernel reads in place (a slice of it would be copied before any custom call reads it);
+      - else, T <= VOCAB_MAJOR_MAX_ROWS, w_t @ x.T behind an optimization barrier, transposed
+        back, the orientation of `final_logits`: XLA:CPU's kernels run the dots of a 1-32-row
+        step 1.2-1.7x faster so (docs/performance.md section 25);
+      - else (prefill) x @ w_t.T, as fast as the [in, out] layout there."""
     if name in w:
         return x @ w[name]
     w_t = w[name + "_t"]
+    if _kernel_rows(cpu_kernel, x, w_t):
+        from jax_backend import cpu_kernels
+
+        return cpu_kernels.rows_matmul(x, w_t, layer)
+    if layer is not None:
+        w_t = w_t[layer]
     if x.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
         return jax.lax.optimization_barrier(w_t @ x.T).T
     return x @ w_t.T
@@ -161,8 +187,12 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     cos, sin = rope_cos_sin(config, batch.positions, dtype)
     q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
 
+    # A scan whose projections run the CPU matmul kernel hands it each stacked weight whole, with
+    # the layer index, rather than scanning over slices of the stack (`project`).
+    stacked_kernel = batch.cpu_matmul and isinstance(params["layers"], dict) and num_tokens <= CPU_MATMUL_MAX_ROWS
+
     def layer(h, w, index):
-        mm = functools.partial(project, w)
+        mm = functools.partial(project, w, cpu_kernel=batch.cpu_matmul, layer=index if stacked_kernel else None)
         x = rms_norm(h, w["input_norm"], eps)
         if "qkv_proj" in w or "qkv_proj_t" in w:
             qkv = mm(x, "qkv_proj")
@@ -226,13 +256,15 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     def scanned(carry, xs):
         h, aux = carry
         w, index = xs
+        if stacked_kernel:  # the projections' stacks whole, the layer's other weights sliced
+            w = {name: (v if name.endswith("_t") and name[:-2] in PROJECTIONS else v[index]) for name, v in layers.items()}
         h, kv = jax.lax.switch(index, branches, h) if switched else layer(h, w, index)
         if n_aux:
             aux = jax.lax.dynamic_update_index_in_dim(aux, h, aux_slot[index], axis=0)
         return (h, aux), kv
 
     aux = jnp.zeros((n_aux + 1 if n_aux else 0, num_tokens, hidden), dtype)
-    xs = (None if switched else layers, jnp.arange(num_layers))
+    xs = (None if switched or stacked_kernel else layers, jnp.arange(num_layers))
     (h, aux), new_kv = jax.lax.scan(scanned, (h, aux), xs)
     aux = aux[:n_aux].transpose(1, 0, 2).reshape(num_tokens, n_aux * hidden)
     return h, aux, new_kv

@@ -55,6 +55,7 @@ class TargetRunner:
         fuse_projections: bool = False,
         tp_size: int = 1,
         cpu_attention: bool | None = None,
+        cpu_matmul: bool | None = None,
     ):
         """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan"; on a CPU decode
         and verify steps run the scan or the switch, whichever `LayoutTuner` timed faster), "scan",
@@ -66,7 +67,9 @@ class TargetRunner:
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`).
         `cpu_attention`: decode and short verify steps read the cached prefix through the CPU
         kernel (`jax_backend.cpu_kernels`); None (default) = wherever it applies: one CPU device,
-        float32, the kernel built. True where it cannot apply is an error."""
+        float32, the kernel built. True where it cannot apply is an error.
+        `cpu_matmul`: the projections and logits of steps of <= 64 rows run the CPU matmul kernel
+        (`model.project`); None (default) = wherever it applies, as `cpu_attention`."""
         if layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
@@ -99,7 +102,8 @@ class TargetRunner:
         self.kv_pool = self._zeros_pool(shape, self.params["embed"].dtype)
         # On a CPU: attention's loop stops at the longest prefix, the logits' matmul is vocab-major (see Batch)
         self._loop_to_longest = self._vocab_major_logits = all(d.platform == "cpu" for d in self.kv_pool.devices())
-        self.cpu_attention = self._cpu_attention(cpu_attention)
+        self.cpu_attention = self._cpu_kernel(cpu_attention, "cpu_attention")
+        self.cpu_matmul = self._cpu_kernel(cpu_matmul, "cpu_matmul")
 
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         if self._loop_to_longest and self.mesh is None:  # on a CPU: the weights out-major (`model.project`)
@@ -353,22 +357,24 @@ class TargetRunner:
         # One token row stays one row (a 1-row GEMV is XLA:CPU's fastest matmul); `write_kv` pads its scatter.
         return build_batch(seqs, page_size=self.page_size, pages_per_seq=self.pages_per_seq, min_pages=self._min_pages,
                            fine_tokens=fine_tokens, query_tiles=query_tiles, loop_to_longest=self._loop_to_longest,
-                           vocab_major_logits=self._vocab_major_logits, cpu_attention=self.cpu_attention)
+                           vocab_major_logits=self._vocab_major_logits, cpu_attention=self.cpu_attention,
+                           cpu_matmul=self.cpu_matmul)
 
-    def _cpu_attention(self, wanted: bool | None) -> bool:
-        """Whether steps run the CPU attention kernel (`cpu_attention` of __init__)."""
+    def _cpu_kernel(self, wanted: bool | None, name: str) -> bool:
+        """Whether steps run a CPU kernel (`cpu_attention` / `cpu_matmul` of __init__)."""
         if wanted is False:
             return False
-        # Under tensor parallel XLA cannot partition a custom call (it would gather the pool).
+        # Under tensor parallel XLA cannot partition a custom call (it would gather the pool and
+        # the weights); the matmul kernel reads the out-major weights a CPU runner keeps.
         applies = self._loop_to_longest and self.mesh is None and self.kv_pool.dtype == jnp.float32
         if wanted and not applies:
-            raise ValueError("cpu_attention=True needs one CPU device and dtype float32")
+            raise ValueError(f"{name}=True needs one CPU device and dtype float32")
         if not applies:
             return False
         from jax_backend import cpu_kernels
 
         if wanted and not cpu_kernels.available():
-            raise RuntimeError("cpu_attention=True but the CPU kernel could not be built (see the warning above)")
+            raise RuntimeError(f"{name}=True but the CPU kernels could not be built (see the warning above)")
         return cpu_kernels.available()
 
     @property

@@ -3,8 +3,11 @@
 `paged_prefix_attention` is the cached-prefix part of `jax_backend.paged_attention` as one XLA
 custom call (the CPU's counterpart of the Pallas kernel slot on TPU/GPU): it reads each cached K/V
 row once, in place, where XLA's own gathers copy every page chunk before its dots read it.
+`rows_matmul` is the few-row product x @ w.T of decode and verify steps (`model.project`): it
+streams each weight row from memory once, where XLA:CPU's few-row dots read weights at a fraction
+of the bandwidth, and gives every row bit-identical sums whatever the number of rows.
 
-The shared library is compiled from `paged_attention.cc` (g++ or $CXX, `-O3 -march=native`,
+The shared library is compiled from `paged_attention.cc` and `rows_matmul.cc` (g++ or $CXX, `-O3 -march=native`,
 against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
 $XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the compiler, its flags,
 jaxlib's version and the CPU's features: a few seconds once per machine. Where that cannot be
@@ -33,8 +36,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.cc")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cc", "rows_matmul.cc"))
 TARGET = "sgl_dflash_paged_prefix_attention"
+MATMUL_TARGET = "sgl_dflash_rows_matmul"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
 ENV_DIR = "SGL_DFLASH_KERNEL_DIR"
@@ -68,9 +72,9 @@ def build() -> Path:
     if cxx is None:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha1("\n".join([SOURCE.read_text(), version, " ".join(FLAGS), jaxlib.__version__,
+    key = hashlib.sha1("\n".join([*(source.read_text() for source in SOURCES), version, " ".join(FLAGS), jaxlib.__version__,
                                   _cpu_features()]).encode())
-    path = kernel_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+    path = kernel_dir() / f"sgl_dflash_kernels-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,10 +82,10 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), *map(str, SOURCES), "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"compiling {', '.join(s.name for s in SOURCES)} failed:\n{done.stderr[-2000:]}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -96,9 +100,10 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(library, TARGET)), platform="cpu")
+        for target in (TARGET, MATMUL_TARGET):
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-        logger.warning("CPU attention kernel unavailable, using the pure-JAX attention: %s", e)
+        logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
         return False
     return True
 
@@ -112,3 +117,13 @@ def paged_prefix_attention(q, kv_pages, page_indices, limit, num_seqs, *, sm_sca
     call = jax.ffi.ffi_call(TARGET, (state, state, jax.ShapeDtypeStruct((s, hkv, g, qm, d), jnp.float32)))
     return call(q, kv_pages, page_indices.astype(jnp.int32), limit.astype(jnp.int32), num_seqs.astype(jnp.int32),
                 sm_scale=np.float32(sm_scale), mask_value=np.float32(mask_value))
+
+
+def rows_matmul(x, w, layer=None):
+    """x [R, K] @ w.T as float32 [R, N], for out-major weights w [N, K], or w[layer].T for a layer
+    stack w [L, N, K] and a traced layer index (the stack is read in place: no slice is copied).
+    float32 only; call `available()` first."""
+    if layer is None:
+        w, layer = w[None], 0
+    call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))
+    return call(x, w, jnp.asarray(layer, jnp.int32).reshape(1))
