@@ -7,11 +7,13 @@
 2. For decode at B = 1, 4, 32 and verify blocks of K = 4, 8, 16 at B = 1, 4, all at `--context`
    cached tokens per sequence, times (median of interleaved repeats, ms per step):
    - ours: `TargetRunner.sample` (decode) / `TargetRunner.verify` (greedy), what the engine runs;
-   - on a CPU also "ours_xla_attention": the same runner with XLA's attention instead of the CPU
-     kernel (`TargetRunner(cpu_attention=False)`), the kernel's gain in the same run;
+   - on a CPU also "ours_xla_attention" and "ours_xla_matmul": the same runner with XLA's
+     attention instead of the CPU attention kernel (`TargetRunner(cpu_attention=False)`), and with
+     XLA's dots instead of the CPU matmul kernel (`cpu_matmul=False`): each kernel's gain in one run;
    - a plain dense JAX step over a contiguous KV cache (same weights; the simplest fast JAX);
    - "xla_dots": the step's weight matmuls alone (`dots_step`): what XLA's dot kernels take for
-     these shapes, the part of any JAX step that the program around them cannot remove;
+     these shapes, the part of any JAX step that the program around them cannot remove; on a CPU
+     also "kernel_dots", the same matmuls through the CPU matmul kernel (what ours runs);
    - transformers eager with a dynamic cache (and, on GPU, with a static cache).
 3. Roofline of each case: max(bytes / bandwidth, FLOPs / matmul peak), bytes = weights + KV read
    + KV written, FLOPs = matmuls + attention + lm_head of the logit rows.
@@ -155,14 +157,14 @@ class DenseJax:
 
 
 # -- the step's matmuls alone -----------------------------------------------------------------------
-def dots_step(params, config, h, vocab_major):
+def dots_step(params, config, h, vocab_major, cpu_kernel=False):
     """Only the weight matmuls of a step over the rows h [M, H] (every layer's projections and
     the lm_head on every row), chained so that none is dead: no norms, RoPE or attention. What
     XLA's dot kernels alone take for the step's shapes, weights read in place (per-layer arrays,
     no slicing): when this alone is over a goal's multiple of the roofline, the program around
     the dots cannot meet it."""
     for w in params["layers"]:
-        mm = functools.partial(project, w)  # the orientation the runner's steps use
+        mm = functools.partial(project, w, cpu_kernel=cpu_kernel)  # the orientation the runner's steps use
         if "qkv_proj" in w or "qkv_proj_t" in w:
             qkv = mm(h, "qkv_proj")
             q, kv = qkv[:, : config.hidden_size], qkv[:, config.hidden_size :]
@@ -174,17 +176,17 @@ def dots_step(params, config, h, vocab_major):
         else:
             gate, up = mm(h, "gate_proj"), mm(h, "up_proj")
         h = h + mm(jax.nn.silu(gate) * up, "down_proj")
-    return final_logits(params, config, h, jnp.arange(h.shape[0]), vocab_major)
+    return final_logits(params, config, h, jnp.arange(h.shape[0]), vocab_major, cpu_kernel)
 
 
 class DotsOnly:
     """`dots_step` at M = B*K rows with the runner's weights laid out per layer."""
 
-    def __init__(self, runner: TargetRunner, vocab_major: bool):
+    def __init__(self, runner: TargetRunner, vocab_major: bool, cpu_kernel: bool = False):
         layers = runner.params["layers"]
         layers = list(layers.layers) if isinstance(layers, LayerBranches) else unstack_layers(runner.params)["layers"]
         self.params, self.config = {**runner.params, "layers": layers}, runner.config
-        self._step = jax.jit(lambda p, h: dots_step(p, self.config, h, vocab_major))
+        self._step = jax.jit(lambda p, h: dots_step(p, self.config, h, vocab_major, cpu_kernel))
 
     def run(self, rows: int) -> None:
         h = jnp.full((rows, self.config.hidden_size), 0.01, self.params["embed"].dtype)
@@ -264,11 +266,11 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
     machine = measure_machine(on_gpu)
     max_batch = max(b for b, _ in cases)
     num_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
-    def filled_runner(cpu_attention: bool | None) -> tuple[TargetRunner, list]:
+    def filled_runner(**kernels) -> tuple[TargetRunner, list]:
         runner = TargetRunner(model_dir, page_size=16, max_total_tokens=max_batch * (context + 32) + 64,
                               max_num_seqs=max_batch, max_model_len=context + 32,
                               aux_layer_ids=aux_layers(num_layers), layer_loop=layer_loop,
-                              fuse_projections=fuse_projections, cpu_attention=cpu_attention)
+                              fuse_projections=fuse_projections, **kernels)
         rng = np.random.default_rng(0)  # the same cached tokens in every runner
         tables = [runner.allocator.allocate(i, context + 32) for i in range(max_batch)]
         for i in range(0, max_batch, 4):  # cache `context` tokens per sequence, 4 sequences a forward
@@ -277,14 +279,17 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
                             for j in group])
         return runner, tables
 
-    runner, tables = filled_runner(None)
-    # On a CPU, ours is also timed with XLA's attention (no CPU kernel): the kernel's gain in one run.
-    others = {"ours_xla_attention": filled_runner(False)} if runner.cpu_attention else {}
+    runner, tables = filled_runner()
+    # On a CPU, ours is also timed with XLA's attention, and with XLA's dots: each kernel's gain in one run.
+    others = {"ours_xla_attention": filled_runner(cpu_attention=False)} if runner.cpu_attention else {}
+    if runner.cpu_matmul:
+        others["ours_xla_matmul"] = filled_runner(cpu_matmul=False)
     config = runner.config
     params_bytes = target_bytes(runner)
     rng = np.random.default_rng(1)
     dense = DenseJax(runner, context + 16)
     dots = DotsOnly(runner, vocab_major=not on_gpu)  # the logits' orientation of the runner's steps
+    kernel_dots = DotsOnly(runner, vocab_major=True, cpu_kernel=True) if runner.cpu_matmul else None
     impls = {"hf_dynamic": HfSteps(hf, context, static=False)} if hf is not None else {}
     if hf is not None and (on_gpu if hf_static is None else hf_static):
         impls["hf_static"] = HfSteps(hf, context, static=True)
@@ -295,6 +300,8 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         steps = {"ours": _our_step(runner, tables, tokens, context)}
         steps.update({name: _our_step(r, t, tokens, context) for name, (r, t) in others.items()})
         steps.update({"dense_jax": lambda: dense.run(tokens, context), "xla_dots": lambda: dots.run(batch * k)})
+        if kernel_dots is not None:
+            steps["kernel_dots"] = lambda: kernel_dots.run(batch * k)
         for name, impl in impls.items():
             if batch <= hf_max_batch:
                 steps[name] = lambda impl=impl: impl.run(tokens)
@@ -328,7 +335,8 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
                                                   "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
                                                   "xla_flags": os.environ.get("XLA_FLAGS", "")},
         "runner": {"layer_loop": runner.layer_loop, "fuse_projections": runner.fuse_projections,
-                   "cpu_attention": runner.cpu_attention, "compilations": runner.num_compilations()},
+                   "cpu_attention": runner.cpu_attention,
+                   "cpu_matmul": runner.cpu_matmul, "compilations": runner.num_compilations()},
         "rows": rows,
     }
     out_dir.mkdir(parents=True, exist_ok=True)

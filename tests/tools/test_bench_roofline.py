@@ -39,8 +39,9 @@ def test_roofline_run_writes_json_and_png(tmp_path):
     for row in saved["rows"]:
         assert row["ours_ms"] > 0 and row["dense_jax_ms"] > 0 and row["xla_dots_ms"] > 0 and row["roofline_ms"] > 0
         assert row["ours_over_roofline"] == pytest.approx(row["ours_ms"] / row["roofline_ms"])
-        assert row["ours_xla_attention_ms"] > 0  # a CPU run times ours without the CPU kernel too
-    assert saved["runner"]["cpu_attention"] is True
+        assert row["ours_xla_attention_ms"] > 0  # a CPU run times ours without the CPU kernels too
+        assert row["ours_xla_matmul_ms"] > 0 and row["kernel_dots_ms"] > 0
+    assert saved["runner"]["cpu_attention"] is True and saved["runner"]["cpu_matmul"] is True
     bench_roofline.print_table(result)
 
 
