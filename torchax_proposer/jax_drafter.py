@@ -13,9 +13,10 @@ programs.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import threading
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,19 @@ def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len
 # On a CPU, a projection of at most this many rows runs weight-first (`_few_row_linear`).
 FEW_ROWS = 64
 _LOWERING = threading.RLock()
+_MATMUL: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("few_row_matmul", default=None)
+
+
+@contextlib.contextmanager
+def few_row_matmul(matmul: Callable | None) -> Iterator[None]:
+    """Drafter code traced inside lowers its float32 projections of at most FEW_ROWS rows on a
+    CPU to matmul(x [R, K], w [N, K]) -> x @ w.T [R, N] (a CPU kernel; the caller chooses one:
+    this package imports no kernels). None: XLA's dot, weight-first."""
+    token = _MATMUL.set(matmul)
+    try:
+        yield
+    finally:
+        _MATMUL.reset(token)
 
 
 def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
@@ -61,8 +75,11 @@ def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = No
     performance.md section 23); weight-first, `propose` at batch 1 ran 0.70-0.76x as long, the
     same drafts (section 26; the target's projections do the same, `jax_backend.model.project`)."""
     rows = math.prod(x.shape[:-1])
+    matmul = _MATMUL.get()
     if rows > FEW_ROWS:
         y = x @ weight.T
+    elif matmul is not None and x.dtype == weight.dtype == jnp.float32:  # `few_row_matmul`
+        y = matmul(x.reshape(rows, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
     else:
         y = jax.lax.optimization_barrier(weight @ x.reshape(rows, x.shape[-1]).T).T
         y = y.reshape(*x.shape[:-1], weight.shape[0])

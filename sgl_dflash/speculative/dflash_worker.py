@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import SeqInput, sampling
+from jax_backend import SeqInput, cpu_kernels, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.errors import ServerArgsError
 from sgl_dflash.model_config import read_model_config, target_dims
@@ -163,6 +163,7 @@ class DFlashWorker:
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
             token_map=None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size),
+            few_row_matmul=cpu_kernels.rows_matmul if self.runner.cpu_matmul else None,  # the target's CPU kernel
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

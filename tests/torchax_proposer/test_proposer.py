@@ -390,3 +390,38 @@ def test_commit_block_drops_the_rows_of_requests_without_drafter_state(dirs, tar
     assert_same_state(proposer, "a", fresh, "a")
     with pytest.raises(DrafterStateError, match="2 ids, 3 accepted counts"):
         proposer.commit_block([None, "a"], [0, 0, 0], block)
+
+
+def test_a_few_row_matmul_kernel_drafts_what_the_eager_drafter_does(dirs, target_head):
+    """`few_row_matmul` (sgl_dflash hands the proposer the target's CPU matmul kernel): every
+    few-row projection of the traced drafter goes through it, and drafts and logits still equal
+    the eager torch drafter's, step after step."""
+    from jax_backend import cpu_kernels  # the package imports no kernels; the caller chooses one
+
+    assert cpu_kernels.available()
+    shapes = []
+
+    def kernel(x, w):
+        shapes.append((x.shape, w.shape))
+        return cpu_kernels.rows_matmul(x, w)
+
+    rng = np.random.default_rng(12)
+    embed, lm_head = target_head
+    proposer = make_proposer(dirs, target_head, few_row_matmul=kernel)
+    eager = TorchDrafter(load_draft_model(dirs[1], TARGET), torch.from_numpy(embed), torch.from_numpy(lm_head))
+    for seq, n in zip((0, 1), (5, 30)):
+        prompt = rows(rng, n)
+        proposer.add(seq, prompt)
+        eager.add(seq, torch.tensor(np.asarray(prompt)))
+    for step in range(3):
+        bonus = rng.integers(0, 256, 2)
+        tokens, logits = proposer.propose([0, 1], bonus, return_logits=True)
+        eager_tokens, eager_logits = eager.propose([0, 1], bonus.tolist(), return_logits=True)
+        np.testing.assert_allclose(logits, eager_logits.numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(tokens, eager_tokens.numpy())
+        accepted = rng.integers(0, BLOCK, 2)
+        new_rows = [rows(rng, a + 1) for a in accepted]
+        proposer.commit([0, 1], accepted, new_rows)
+        eager.commit([0, 1], accepted.tolist(), [torch.tensor(np.asarray(r)) for r in new_rows])
+    assert (((2 * (BLOCK - 1), 64), (256, 64))) in shapes  # the lm_head of the block's drafts
+    assert len({w for _, w in shapes}) >= 4  # and the layers' projections
