@@ -42,9 +42,10 @@ import numpy as np
 DEFAULT_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_CHUNK_TOKENS = 256
 DEFAULT_QUERY_TILE = 128
-# The CPU kernel's range: decode steps and verify blocks of up to 4 tokens. At 8 queries per
-# sequence XLA's batched dots are as fast (1 x 256 tokens: 0.23 vs 0.24 ms a layer), at 16 faster.
-CPU_KERNEL_MAX_Q_LEN = 4
+# The CPU kernels' range: decode steps and verify blocks of up to this many tokens per sequence
+# (prefill chunks keep XLA's batched dots). `prefix_block_attention` runs the whole attention as
+# one call (`cpu_kernels.ragged_attention`, head size 64 or 128); `_attend_pages` the prefix part.
+CPU_KERNEL_MAX_Q_LEN = 16
 
 
 class _QueryLayout(NamedTuple):
@@ -256,12 +257,20 @@ def prefix_block_attention(
     over the window of rows a tile can need (T x (tile + Q) scores). None picks the cheaper: a
     prefill batch with one long prompt among short ones pays S x Q x Q for its longest prompt in
     the dense layout (8 prompts, 943 tokens, one of 310: Q = 512, 2.1M scores per head and layer
-    against 0.66M in tiles of 128). `loop_to_longest`, `cpu_kernel`: as in
-    `ragged_paged_attention`."""
+    against 0.66M in tiles of 128). `loop_to_longest`: as in `ragged_paged_attention`.
+    `cpu_kernel`: float32 steps of at most CPU_KERNEL_MAX_Q_LEN queries per sequence and head size
+    64 or 128 run as one CPU kernel call (`cpu_kernels.ragged_attention`: no query layout, page
+    gathers or merges in XLA); other heads sizes take the prefix part through `_attend_pages`'s."""
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
-    num_tokens, num_q_heads, _ = queries.shape
+    num_tokens, num_q_heads, head_dim = queries.shape
     num_kv_heads = kv_pages.shape[2] // 2
     max_q_len = num_tokens if max_q_len is None else max_q_len
+    if (cpu_kernel and max_q_len <= CPU_KERNEL_MAX_Q_LEN and head_dim in (64, 128)
+            and queries.dtype == new_keys.dtype == kv_pages.dtype == jnp.float32):
+        from jax_backend import cpu_kernels
+
+        return cpu_kernels.ragged_attention(queries, new_keys, new_values, kv_pages, kv_lens, page_indices, cu_q_lens,
+                                            num_seqs, sm_scale=sm_scale, mask_value=mask_value)
     if query_tile is None:
         query_tile = choose_query_tile(num_tokens, page_indices.shape[0], max_q_len)
     elif query_tile and num_tokens % query_tile:

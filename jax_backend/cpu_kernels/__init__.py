@@ -1,8 +1,11 @@
 """Hand-written XLA:CPU kernels, built on first use with the machine's C++ compiler.
 
-`paged_prefix_attention` is the cached-prefix part of `jax_backend.paged_attention` as one XLA
-custom call (the CPU's counterpart of the Pallas kernel slot on TPU/GPU): it reads each cached K/V
-row once, in place, where XLA's own gathers copy every page chunk before its dots read it.
+`ragged_attention` is `paged_attention.prefix_block_attention` (the model's attention of decode
+and verify steps) as one XLA custom call, the CPU's counterpart of the Pallas kernel slot on
+TPU/GPU: it reads each cached K/V row once, in place, where XLA's own gathers copy every page chunk
+before its dots read it, and it needs none of XLA's small ops around them (query layout, block
+merges), which cost more than the attention itself at 8-16 queries per sequence.
+`paged_prefix_attention` is the cached-prefix part alone (`ragged_paged_attention`, other head sizes).
 `rows_matmul` is the few-row product x @ w.T of decode and verify steps (`model.project`): it
 streams each weight row from memory once, where XLA:CPU's few-row dots read weights at a fraction
 of the bandwidth, and gives every row bit-identical sums whatever the number of rows.
@@ -37,8 +40,10 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cc", "rows_matmul.cc"))
+HEADERS = (Path(__file__).with_name("common.h"),)
 TARGET = "sgl_dflash_paged_prefix_attention"
 MATMUL_TARGET = "sgl_dflash_rows_matmul"
+RAGGED_TARGET = "sgl_dflash_ragged_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
 ENV_DIR = "SGL_DFLASH_KERNEL_DIR"
@@ -72,7 +77,7 @@ def build() -> Path:
     if cxx is None:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha1("\n".join([*(source.read_text() for source in SOURCES), version, " ".join(FLAGS), jaxlib.__version__,
+    key = hashlib.sha1("\n".join([*(source.read_text() for source in SOURCES + HEADERS), version, " ".join(FLAGS), jaxlib.__version__,
                                   _cpu_features()]).encode())
     path = kernel_dir() / f"sgl_dflash_kernels-{key.hexdigest()[:16]}.so"
     if path.exists():
@@ -100,7 +105,7 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        for target in (TARGET, MATMUL_TARGET):
+        for target in (TARGET, MATMUL_TARGET, RAGGED_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
@@ -117,6 +122,18 @@ def paged_prefix_attention(q, kv_pages, page_indices, limit, num_seqs, *, sm_sca
     call = jax.ffi.ffi_call(TARGET, (state, state, jax.ShapeDtypeStruct((s, hkv, g, qm, d), jnp.float32)))
     return call(q, kv_pages, page_indices.astype(jnp.int32), limit.astype(jnp.int32), num_seqs.astype(jnp.int32),
                 sm_scale=np.float32(sm_scale), mask_value=np.float32(mask_value))
+
+
+def ragged_attention(queries, new_keys, new_values, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+                     sm_scale: float, mask_value: float):
+    """`paged_attention.prefix_block_attention` in one call: [T, Hq, D] float32 outputs of packed
+    ragged queries over each sequence's cached prefix (in the pages) and, causally, the step's new
+    keys/values [T, Hkv, D]; padding rows are zeros. Head size 64 or 128, float32; call
+    `available()` first."""
+    call = jax.ffi.ffi_call(RAGGED_TARGET, jax.ShapeDtypeStruct(queries.shape, jnp.float32))
+    i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
+    return call(queries, new_keys, new_values, kv_pages, i32(page_indices), i32(cu_q_lens), i32(kv_lens),
+                i32(num_seqs), sm_scale=np.float32(sm_scale), mask_value=np.float32(mask_value))
 
 
 def rows_matmul(x, w, layer=None):

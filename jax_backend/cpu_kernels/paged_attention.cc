@@ -1,29 +1,33 @@
-// The cached-prefix part of `jax_backend.paged_attention` as one XLA:CPU custom call.
+// The attention of decode and verify steps as XLA:CPU custom calls (`jax_backend.paged_attention`).
 //
 // XLA:CPU has no fused paged-attention kernel: its gathers copy each page chunk into the dots'
 // layout first, so a decode step reads every K/V byte about three times (docs/performance.md
-// section 27). This kernel reads each cached K and V row once, where it lies in the pool, and
-// returns the same online-softmax state as `_attend_pages`: m, l [S, Hkv, G, Q] and
-// acc [S, Hkv, G, Q, D] (float32), so the JAX code around it (the new tokens' block, the final
-// division) is unchanged.
+// section 27), and at 8-16 queries per sequence the small ops around the dots (query layout, the
+// new tokens' block, the merge) cost more than the attention itself (section 29). Two handlers:
 //
-// Inputs: q [S, Q, Hkv, G, D] f32 (each sequence's dense query block), pool [N, page, 2*Hkv, D]
-// f32 (K on even, V on odd heads), page_indices [S, W] s32, limit [S, Q] s32 (query j of sequence
-// s sees cache positions < limit[s, j]), num_seqs [1] s32. Sequences at or past num_seqs, and
-// rows that see nothing, get the empty state (m = mask_value, l = 0, acc = 0).
+// sgl_dflash_ragged_attention: `prefix_block_attention` whole. Inputs q [T, Hq, D] (packed rows),
+// new_k / new_v [T, Hkv, D] (this step's keys and values, not yet in the pool), pool
+// [N, page, 2*Hkv, D] (K on even, V on odd heads), page_indices [S, W], cu_q_lens [S + 1],
+// kv_lens [S] (prefix + new tokens), num_seqs [1]; output [T, Hq, D], normalized, zeros in
+// padding rows. Head size 64 or 128.
 //
-// Work is split over (sequence, kv head) pairs, shared with XLA's intra-op thread pool.
+// sgl_dflash_paged_prefix_attention: the cached prefix alone, as the online-softmax state
+// m, l [S, Hkv, G, Q] and acc [S, Hkv, G, Q, D] of `_attend_pages`. Inputs q [S, Q, Hkv, G, D],
+// pool, page_indices, limit [S, Q] (query j of sequence s sees cache positions < limit[s, j]),
+// num_seqs [1]; sequences at or past num_seqs, and rows that see nothing, get the empty state.
+//
+// Both read each cached K and V row once, where it lies in the pool, and score a block of keys
+// at a time with an online softmax. For head sizes 64 and 128 the scores and the value sums run
+// as register tiles (`TiledRows`): the G * Q query rows of a (sequence, kv head) share each key
+// and value load. Work units are (sequence, kv head[, chunk of query rows]) (`parallel_units`).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "common.h"
 
 namespace ffi = xla::ffi;
 
@@ -43,32 +47,45 @@ struct Problem {
   float scale, mask_value;
 };
 
-// exp(x) for a float array, in vector lanes (glibc's expf is scalar without -ffast-math):
-// 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, p a degree-6 Taylor polynomial (relative error
-// < 3e-7, about 2 ulp). x below -87 (masked scores, exp(mask_value - m)) gives exactly 0.
+// exp(x) of 16 lanes x <= 0 (glibc's expf is scalar without -ffast-math): 2^k * p(r) with
+// x = k ln2 + r, |r| <= ln2 / 2, p a degree-6 Taylor polynomial (relative error < 3e-7, about
+// 2 ulp). x below -87 (masked scores, exp(mask_value - m)) gives exactly 0.
+inline v16 exp16(v16 x) {
+  const v16 low = v16{} - 87.0f, v = x < low ? low : x;
+  const i16 k = -__builtin_convertvector(0.5f - v * 1.44269504f, i16);  // round(v / ln2), v <= 0
+  const v16 kf = __builtin_convertvector(k, v16);
+  const v16 r = (v - kf * 0.693145752f) - kf * 1.42860677e-6f;
+  v16 poly = v16{} + 1.0f / 720;
+  poly = poly * r + 1.0f / 120;
+  poly = poly * r + 1.0f / 24;
+  poly = poly * r + 1.0f / 6;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  const i16 bits = (k + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < low ? v16{} : poly * scale;
+}
+
+// exp of n floats x <= 0, in place (the last vector through a padded copy).
 inline void exp_inplace(float* x, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = std::max(x[i], -87.0f), k = std::nearbyint(v * 1.44269504f);
-    const float r = (v - k * 0.693145752f) - k * 1.42860677e-6f;
-    float poly = 1.0f / 720;
-    poly = poly * r + 1.0f / 120;
-    poly = poly * r + 1.0f / 24;
-    poly = poly * r + 1.0f / 6;
-    poly = poly * r + 0.5f;
-    poly = poly * r + 1.0f;
-    poly = poly * r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(scale));
-    x[i] = x[i] < -87.0f ? 0.0f : poly * scale;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store(x + i, exp16(load(x + i)));
+  if (i < n) {
+    float tail[16] = {};
+    std::memcpy(tail, x + i, (n - i) * sizeof(float));
+    store(tail, exp16(load(tail)));
+    std::memcpy(x + i, tail, (n - i) * sizeof(float));
   }
 }
 
 // Scratch of one worker thread: the scores of a key block [rows, kKeyBlock] and its K/V rows.
 struct Scratch {
-  std::vector<float> scores;
-  std::vector<const float*> kv;
+  std::vector<float> scores, spare, m, l;
+  std::vector<const float*> kv, values, q;
+  std::vector<float*> score_rows, acc_rows;
+  std::vector<int64_t> visible;
 };
 
 // One (sequence, kv head): its G * Q query rows (r = g * Q + j, the output layout [.., G, Q])
@@ -135,17 +152,170 @@ void attend_one(const Problem& p, int64_t s, int64_t h, Scratch& w) {
   }
 }
 
-struct Shared {
-  Problem problem;
-  int64_t units;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> active{0};
+// Scores out[r][t0 + n] = q[r] . k[n] of RB query rows and NB keys (16 * DV floats each).
+template <int DV, int RB, int NB>
+inline void score_tile(const float* const* q, const float* const* k, float* const* out, int64_t t0) {
+  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
+  v16 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = v16{};
+  for (int d = 0; d < DV; ++d) {
+    v16 kv[NB];
+    for (int n = 0; n < NB; ++n) kv[n] = load(k[n] + 16 * d);
+    for (int r = 0; r < RB; ++r) {
+      const v16 qv = load(q[r] + 16 * d);
+      for (int n = 0; n < NB; ++n) acc[r * NB + n] += qv * kv[n];
+    }
+  }
+  float sums[kAcc];
+  for (int i = 0; i < kAcc; i += 16) store(sums + i, sums16(acc + i));
+  for (int r = 0; r < RB; ++r)
+    for (int n = 0; n < NB; ++n) out[r][t0 + n] = sums[r * NB + n];
+}
+
+// acc[r] += sum over keys t < n of p[r][t] * v[t], for RB rows of 16 * DV floats.
+template <int DV, int RB>
+inline void value_tile(const float* const* p, const float* const* v, int64_t n, float* const* acc) {
+  v16 a[RB][DV];
+  for (int r = 0; r < RB; ++r)
+    for (int d = 0; d < DV; ++d) a[r][d] = load(acc[r] + 16 * d);
+  for (int64_t t = 0; t < n; ++t) {
+    v16 vv[DV];
+    for (int d = 0; d < DV; ++d) vv[d] = load(v[t] + 16 * d);
+    for (int r = 0; r < RB; ++r) {
+      const float weight = p[r][t];
+      for (int d = 0; d < DV; ++d) a[r][d] += weight * vv[d];
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int d = 0; d < DV; ++d) store(acc[r] + 16 * d, a[r][d]);
+}
+
+constexpr int kScoreRows = 3, kScoreKeys = 8;  // 24 accumulators
+
+// The query rows of one (sequence, kv head) for the tiled path: their pointers padded to whole
+// tiles (padding rows read row 0, write scratch), and the softmax state they update.
+template <int DV>
+struct TiledRows {
+  static constexpr int kValueRows = 24 / DV;  // 24 accumulators: 6 rows of 64 floats, 3 of 128
+  int64_t rows;
+  float *m, *l;
+
+  // `query(r)` and `acc(r)` give row r's query and accumulator; accumulators start at zero.
+  template <class Query, class Acc>
+  TiledRows(Scratch& w, int64_t rows_, int64_t dim, float* m_, float* l_, Query query, Acc acc)
+      : rows(rows_), m(m_), l(l_) {
+    const int64_t padded = rows + kScoreRows + kValueRows;  // room for either stage's padding
+    w.scores.assign(padded * kKeyBlock, 0.0f);               // rows past `rows`: scratch (and zeros)
+    w.spare.assign(padded * dim, 0.0f);                      // scratch accumulator rows
+    w.kv.resize(kKeyBlock);
+    w.values.resize(kKeyBlock);
+    w.q.resize(padded);
+    w.score_rows.resize(padded);
+    w.acc_rows.resize(padded);
+    w.visible.resize(padded);
+    for (int64_t r = 0; r < padded; ++r) {
+      w.q[r] = r < rows ? query(r) : w.q[0];
+      w.score_rows[r] = w.scores.data() + r * kKeyBlock;
+      w.acc_rows[r] = r < rows ? acc(r) : w.spare.data() + r * dim;
+    }
+  }
+
+  // One block of n keys (w.kv / w.values hold n real entries, padded to whole tiles by the caller
+  // with repeats) seen by row r up to w.visible[r] keys: scores, online softmax, value sums.
+  void block(Scratch& w, int64_t n, float scale, float mask_value, int64_t dim) const {
+    const int64_t n_tiled = (n + kScoreKeys - 1) / kScoreKeys * kScoreKeys;
+    for (int64_t r = 0; r < rows; r += kScoreRows)
+      for (int64_t t = 0; t < n_tiled; t += kScoreKeys)
+        score_tile<DV, kScoreRows, kScoreKeys>(w.q.data() + r, w.kv.data() + t, w.score_rows.data() + r, t);
+    // Row by row, 16 scores at a time (rows have kKeyBlock floats, so whole vectors fit).
+    const i16 lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t visible = std::min<int64_t>(n, w.visible[r]);
+      float* sr = w.score_rows[r];
+      if (visible <= 0) {  // sees none of this block: its state stays, its weights are zero
+        std::fill(sr, sr + n, 0.0f);
+        continue;
+      }
+      const i16 seen = i16{} + static_cast<int32_t>(visible);
+      v16 vmax = v16{} + mask_value;
+      for (int64_t t = 0; t < visible; t += 16) {
+        const v16 x = load(sr + t) * scale;
+        store(sr + t, x);
+        const v16 masked = lanes + static_cast<int32_t>(t) < seen ? x : v16{} + mask_value;
+        vmax = masked > vmax ? masked : vmax;
+      }
+      float block_max = mask_value;
+      for (int i = 0; i < 16; ++i) block_max = std::max(block_max, vmax[i]);
+      const float m_new = std::max(m[r], block_max);
+      float alpha = std::min(m[r] - m_new, 0.0f);
+      exp_inplace(&alpha, 1);
+      v16 vsum = v16{};
+      for (int64_t t = 0; t < n; t += 16) {
+        const v16 e = exp16(load(sr + t) - m_new), p = lanes + static_cast<int32_t>(t) < seen ? e : v16{};
+        store(sr + t, p);
+        vsum += p;
+      }
+      float sum = 0.0f;
+      for (int i = 0; i < 16; ++i) sum += vsum[i];
+      m[r] = m_new;
+      l[r] = alpha * l[r] + sum;
+      float* a = w.acc_rows[r];
+      for (int64_t d = 0; d < dim; d += 16) store(a + d, load(a + d) * alpha);
+    }
+    for (int64_t r = rows; r < rows + kValueRows; ++r) std::fill(w.score_rows[r], w.score_rows[r] + n, 0.0f);
+    for (int64_t r = 0; r < rows; r += kValueRows)
+      value_tile<DV, kValueRows>(w.score_rows.data() + r, w.values.data(), n, w.acc_rows.data() + r);
+  }
 };
 
-void work(Shared& shared) {
-  Scratch scratch;
-  const Problem& p = shared.problem;
-  for (int64_t u; (u = shared.next.fetch_add(1)) < shared.units;) attend_one(p, u / p.num_kv, u % p.num_kv, scratch);
+// Pads the block's key and value pointers [n, n_tiled) with repeats of the last real one.
+inline void pad_keys(Scratch& w, int64_t n) {
+  const int64_t n_tiled = (n + kScoreKeys - 1) / kScoreKeys * kScoreKeys;
+  for (int64_t t = n; t < n_tiled; ++t) {
+    w.kv[t] = w.kv[n - 1];
+    w.values[t] = w.values[n - 1];
+  }
+}
+
+// `attend_one` for head size 16 * DV: the same online softmax, its two products as tiles.
+template <int DV>
+void attend_tiled(const Problem& p, int64_t s, int64_t h, Scratch& w) {
+  const int64_t rows = p.group * p.max_q, dim = p.dim, combined = 2 * p.num_kv;
+  const int64_t first = (s * p.num_kv + h) * rows;
+  float* m = p.m + first;
+  float* l = p.l + first;
+  float* acc = p.acc + first * dim;
+  std::fill(m, m + rows, p.mask_value);
+  std::fill(l, l + rows, 0.0f);
+  std::fill(acc, acc + rows * dim, 0.0f);
+  if (s >= p.num_seqs) return;
+  const int32_t* limit = p.limit + s * p.max_q;
+  int64_t longest = 0;
+  for (int64_t j = 0; j < p.max_q; ++j) longest = std::max<int64_t>(longest, limit[j]);
+  longest = std::min(longest, p.width * p.page_size);
+  if (longest <= 0) return;
+  // Row r = g * Q + j (the output layout [.., G, Q]).
+  const TiledRows<DV> tiled(
+      w, rows, dim, m, l,
+      [&](int64_t r) { return p.q + (((s * p.max_q + r % p.max_q) * p.num_kv + h) * p.group + r / p.max_q) * dim; },
+      [&](int64_t r) { return acc + r * dim; });
+  for (int64_t start = 0; start < longest; start += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, longest - start);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = start + t, page = p.pages[s * p.width + pos / p.page_size];
+      w.kv[t] = p.pool + ((page * p.page_size + pos % p.page_size) * combined + 2 * h) * dim;
+      w.values[t] = w.kv[t] + dim;
+    }
+    pad_keys(w, n);
+    for (int64_t r = 0; r < rows; ++r) w.visible[r] = limit[r % p.max_q] - start;
+    tiled.block(w, n, p.scale, p.mask_value, dim);
+  }
+}
+
+void attend(const Problem& p, int64_t s, int64_t h, Scratch& w) {
+  if (p.dim == 64) return attend_tiled<4>(p, s, h, w);
+  if (p.dim == 128) return attend_tiled<8>(p, s, h, w);
+  attend_one(p, s, h, w);
 }
 
 ffi::Error PagedPrefixAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kv_pool,
@@ -158,23 +328,105 @@ ffi::Error PagedPrefixAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, f
   if (qd.size() != 5 || pd.size() != 4 || page_indices.dimensions().size() != 2 || pd[2] != 2 * qd[2] ||
       pd[3] != qd[4])
     return ffi::Error::InvalidArgument("paged_prefix_attention: incompatible shapes");
-  auto shared = std::make_shared<Shared>();
-  shared->problem = Problem{q.typed_data(), kv_pool.typed_data(), page_indices.typed_data(), limit.typed_data(),
-                            m->typed_data(), l->typed_data(), acc->typed_data(),
-                            std::min<int64_t>(num_seqs.typed_data()[0], qd[0]), qd[1], qd[2], qd[3], qd[4],
-                            pd[1], page_indices.dimensions()[1], sm_scale, mask_value};
-  shared->units = qd[0] * qd[2];
-  // Helpers join through XLA's pool; the calling thread works too and then waits only for the
-  // helpers that started (a helper that starts late finds no unit left and touches nothing).
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), shared->units) - 1;
-  for (int64_t i = 0; i < helpers; ++i)
-    pool.Schedule([shared] {
-      shared->active.fetch_add(1);
-      work(*shared);
-      shared->active.fetch_sub(1);
-    });
-  work(*shared);
-  while (shared->active.load() > 0) std::this_thread::yield();
+  const Problem problem{q.typed_data(), kv_pool.typed_data(), page_indices.typed_data(), limit.typed_data(),
+                        m->typed_data(), l->typed_data(), acc->typed_data(),
+                        std::min<int64_t>(num_seqs.typed_data()[0], qd[0]), qd[1], qd[2], qd[3], qd[4],
+                        pd[1], page_indices.dimensions()[1], sm_scale, mask_value};
+  parallel_units(pool, qd[0] * qd[2], [&problem, scratch = Scratch{}](int64_t u) mutable {
+    attend(problem, u / problem.num_kv, u % problem.num_kv, scratch);
+  });
+  return ffi::Error::Success();
+}
+
+// ---- the whole attention of a packed ragged step ------------------------------------------------
+
+// `prefix_block_attention` in one call: query j of sequence s (packed row cu[s] + j) attends to
+// the s's cached prefix (kv_lens[s] - q_len positions, in the pages) and to the step's new tokens
+// 0..j (new_k / new_v rows cu[s]..), and gets the normalized output. Padding rows get zeros.
+struct Ragged {
+  const float *q, *new_k, *new_v, *pool;
+  const int32_t *pages, *cu, *kv_lens;
+  float* out;
+  int64_t num_heads, num_kv, dim, page_size, width;
+  float scale, mask_value;
+};
+
+constexpr int64_t kChunkRows = 12;  // query rows of one work unit: a verify block's spread over threads
+
+// Rows [chunk * kChunkRows, ..) of sequence s and kv head h.
+template <int DV>
+void attend_ragged(const Ragged& p, int64_t s, int64_t h, int64_t chunk, Scratch& w) {
+  const int64_t group = p.num_heads / p.num_kv, begin = p.cu[s], q_len = p.cu[s + 1] - begin;
+  const int64_t first = chunk * kChunkRows, rows = std::min(q_len * group - first, kChunkRows);
+  if (rows <= 0) return;
+  const int64_t prefix = std::clamp<int64_t>(p.kv_lens[s] - q_len, 0, p.width * p.page_size);
+  const int64_t dim = p.dim, combined = 2 * p.num_kv;
+  // Row r of the chunk = j * G + g - first: query j's head h * G + g, accumulated where its output goes.
+  const auto offset = [&](int64_t r) {
+    return ((begin + (first + r) / group) * p.num_heads + h * group + (first + r) % group) * dim;
+  };
+  w.m.assign(rows, p.mask_value);
+  w.l.assign(rows, 0.0f);
+  const TiledRows<DV> tiled(w, rows, dim, w.m.data(), w.l.data(), [&](int64_t r) { return p.q + offset(r); },
+                            [&](int64_t r) {
+                              float* o = p.out + offset(r);
+                              std::fill(o, o + dim, 0.0f);
+                              return o;
+                            });
+  const int64_t total = prefix + (first + rows - 1) / group + 1;  // what the chunk's last query sees
+  for (int64_t start = 0; start < total; start += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, total - start);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = start + t;
+      if (pos < prefix) {
+        const int64_t page = p.pages[s * p.width + pos / p.page_size];
+        w.kv[t] = p.pool + ((page * p.page_size + pos % p.page_size) * combined + 2 * h) * dim;
+        w.values[t] = w.kv[t] + dim;
+      } else {
+        const int64_t row = (begin + pos - prefix) * p.num_kv + h;
+        w.kv[t] = p.new_k + row * dim;
+        w.values[t] = p.new_v + row * dim;
+      }
+    }
+    pad_keys(w, n);
+    for (int64_t r = 0; r < rows; ++r) w.visible[r] = prefix + (first + r) / group + 1 - start;  // causal
+    tiled.block(w, n, p.scale, p.mask_value, dim);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = p.out + offset(r);
+    const float inv = 1.0f / w.l[r];
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
+  }
+}
+
+ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> new_k,
+                           ffi::Buffer<ffi::F32> new_v, ffi::Buffer<ffi::F32> kv_pool,
+                           ffi::Buffer<ffi::S32> page_indices, ffi::Buffer<ffi::S32> cu_q_lens,
+                           ffi::Buffer<ffi::S32> kv_lens, ffi::Buffer<ffi::S32> num_seqs, float sm_scale,
+                           float mask_value, ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions();
+  auto kd = new_k.dimensions();
+  auto pd = kv_pool.dimensions();
+  auto wd = page_indices.dimensions();
+  if (qd.size() != 3 || kd.size() != 3 || pd.size() != 4 || wd.size() != 2 || kd[0] != qd[0] ||
+      new_v.dimensions().size() != 3 || new_v.dimensions()[0] != kd[0] || new_v.dimensions()[1] != kd[1] || pd[2] != 2 * kd[1] || pd[3] != qd[2] || kd[2] != qd[2] || qd[1] % kd[1] ||
+      (qd[2] != 64 && qd[2] != 128) || cu_q_lens.dimensions()[0] != wd[0] + 1 || kv_lens.dimensions()[0] != wd[0])
+    return ffi::Error::InvalidArgument("ragged_attention: incompatible shapes (head size 64 or 128)");
+  const int32_t* cu = cu_q_lens.typed_data();
+  const int64_t seqs = std::clamp<int64_t>(num_seqs.typed_data()[0], 0, wd[0]);
+  const int64_t used = std::clamp<int64_t>(cu[seqs], 0, qd[0]), row = qd[1] * qd[2];
+  std::fill(out->typed_data() + used * row, out->typed_data() + qd[0] * row, 0.0f);  // padding rows
+  const Ragged problem{q.typed_data(), new_k.typed_data(), new_v.typed_data(), kv_pool.typed_data(),
+                       page_indices.typed_data(), cu, kv_lens.typed_data(), out->typed_data(),
+                       qd[1], kd[1], qd[2], pd[1], wd[1], sm_scale, mask_value};
+  int64_t longest = 0;
+  for (int64_t s = 0; s < seqs; ++s) longest = std::max<int64_t>(longest, cu[s + 1] - cu[s]);
+  const int64_t chunks = std::max<int64_t>(1, (longest * (qd[1] / kd[1]) + kChunkRows - 1) / kChunkRows);
+  parallel_units(pool, seqs * kd[1] * chunks, [&problem, chunks, scratch = Scratch{}](int64_t u) mutable {
+    const int64_t s = u / (problem.num_kv * chunks), h = u / chunks % problem.num_kv, c = u % chunks;
+    problem.dim == 64 ? attend_ragged<4>(problem, s, h, c, scratch) : attend_ragged<8>(problem, s, h, c, scratch);
+  });
   return ffi::Error::Success();
 }
 
@@ -192,4 +444,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_paged_prefix_attention, PagedPrefixAtte
                                   .Attr<float>("mask_value")
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_ragged_attention, RaggedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<float>("sm_scale")
+                                  .Attr<float>("mask_value")
                                   .Ret<ffi::Buffer<ffi::F32>>());

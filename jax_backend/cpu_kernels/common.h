@@ -1,0 +1,72 @@
+// What the CPU kernels share: 16-float vectors (AVX-512, or two AVX2 halves where the CPU has no
+// AVX-512), a fixed-order horizontal sum of 16 accumulators at once, and the split of a kernel's
+// work units over XLA's intra-op thread pool.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+inline v16 load(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Two vectors' lanes folded one level: level 0 adds lane i and i + 8 of each, level 1 i and i + 4
+// of each half's partial sums, and so on; after four levels 16 accumulators give their 16 sums in
+// order, each summed by the same tree whichever accumulators share its vectors.
+inline v16 fold(v16 a, v16 b, int level) {
+  static const i16 lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                            {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                            {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                            {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+  static const i16 hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                            {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+                            {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
+                            {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}};
+  return __builtin_shuffle(a, b, lo[level]) + __builtin_shuffle(a, b, hi[level]);
+}
+
+// The lane sums of acc[0..15], in order.
+inline v16 sums16(const v16* acc) {
+  v16 t[8], u[4], v[2];
+  for (int i = 0; i < 8; ++i) t[i] = fold(acc[2 * i], acc[2 * i + 1], 0);
+  for (int i = 0; i < 4; ++i) u[i] = fold(t[2 * i], t[2 * i + 1], 1);
+  for (int i = 0; i < 2; ++i) v[i] = fold(u[2 * i], u[2 * i + 1], 2);
+  return fold(v[0], v[1], 3);
+}
+
+// body(u) for every unit u in [0, units), on the calling thread and up to num_threads - 1 helpers
+// of XLA's pool, each with its own copy of `body` (its scratch); returns when every unit is done.
+// The caller waits only for helpers that started: one that starts late finds no unit left and
+// touches nothing (so `body` may refer to the caller's frame).
+template <class Body>
+void parallel_units(xla::ffi::ThreadPool& pool, int64_t units, Body body) {
+  struct Progress {
+    std::atomic<int64_t> next{0}, active{0};
+  };
+  auto progress = std::make_shared<Progress>();
+  auto run = [progress, units, body]() mutable {
+    for (int64_t u; (u = progress->next.fetch_add(1)) < units;) body(u);
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), units) - 1;
+  for (int64_t i = 0; i < helpers; ++i)
+    pool.Schedule([progress, run]() mutable {
+      progress->active.fetch_add(1);
+      run();
+      progress->active.fetch_sub(1);
+    });
+  run();
+  while (progress->active.load() > 0) std::this_thread::yield();
+}
