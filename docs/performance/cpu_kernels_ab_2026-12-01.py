@@ -2,8 +2,9 @@
 both CPU kernels (the defaults) and with XLA's attention and dots (cpu_attention=False,
 cpu_matmul=False), interleaved; medians of wall ms; greedy results compared.
 
-    python docs/performance/cpu_kernels_ab_2026-12-01.py CONTEXT REPEATS B:K [B:K ...]  (K = 1: decode)
-Prints one JSON line per case and writes docs/performance/cpu_kernels_ab_2026-12-01.json."""
+    python docs/performance/cpu_kernels_ab_2026-12-01.py [--off matmul|attention] CONTEXT REPEATS B:K [B:K ...]
+(K = 1: decode; `--off matmul`: the baseline turns off the matmul kernel only.) Prints one JSON
+line per case; with both kernels off it writes docs/performance/cpu_kernels_ab_2026-12-01.json."""
 import json, sys, time
 from pathlib import Path
 import numpy as np
@@ -11,13 +12,17 @@ from jax_backend.batch import SeqInput
 from jax_backend.runner import TargetRunner
 
 MODEL = "cache/models/SmolLM2-135M-Instruct"
-ctx, reps = int(sys.argv[1]), int(sys.argv[2])
-cases = [tuple(int(x) for x in c.split(":")) for c in sys.argv[3:]]
+args = sys.argv[1:]
+off = ("matmul", "attention")
+if args[0] == "--off":
+    off, args = (args[1],), args[2:]
+ctx, reps = int(args[0]), int(args[1])
+cases = [tuple(int(x) for x in c.split(":")) for c in args[2:]]
 max_b = max(b for b, _ in cases)
 rng = np.random.default_rng(0)
 prompts = [rng.integers(100, 40000, ctx).tolist() for _ in range(max_b)]
 runners = {}
-for name, flags in (("xla", dict(cpu_attention=False, cpu_matmul=False)), ("kernels", {})):
+for name, flags in (("xla", {f"cpu_{kernel}": False for kernel in off}), ("kernels", {})):
     r = TargetRunner(MODEL, max_total_tokens=max_b * (ctx + 64), max_num_seqs=max_b, max_model_len=ctx + 32,
                      aux_layer_ids=(1, 8, 14, 20, 27), **flags)
     tables = [r.allocator.allocate(i, ctx + 32) for i in range(max_b)]
@@ -45,4 +50,5 @@ for b, k in cases:
                same=outs["xla"] == outs["kernels"])
     results.append(row)
     print(json.dumps(row), flush=True)
-Path(__file__).with_suffix(".json").write_text(json.dumps(dict(context=ctx, repeats=reps, rows=results), indent=1))
+if len(off) == 2:
+    Path(__file__).with_suffix(".json").write_text(json.dumps(dict(context=ctx, repeats=reps, rows=results), indent=1))

@@ -88,22 +88,37 @@ struct Scratch {
   std::vector<int64_t> visible;
 };
 
+// The outputs of one (sequence, kv head) of `PagedPrefixAttention` set to the empty state, and
+// how far its queries see (0 for a padding sequence).
+struct PrefixUnit {
+  float *m, *l, *acc;
+  const int32_t* limit;
+  int64_t longest = 0;
+
+  PrefixUnit(const Problem& p, int64_t s, int64_t h) {
+    const int64_t rows = p.group * p.max_q, first = (s * p.num_kv + h) * rows;
+    m = p.m + first;
+    l = p.l + first;
+    acc = p.acc + first * p.dim;
+    limit = p.limit + s * p.max_q;
+    std::fill(m, m + rows, p.mask_value);
+    std::fill(l, l + rows, 0.0f);
+    std::fill(acc, acc + rows * p.dim, 0.0f);
+    if (s >= p.num_seqs) return;
+    for (int64_t j = 0; j < p.max_q; ++j) longest = std::max<int64_t>(longest, limit[j]);
+    longest = std::min(longest, p.width * p.page_size);
+  }
+};
+
 // One (sequence, kv head): its G * Q query rows (r = g * Q + j, the output layout [.., G, Q])
 // against the sequence's cached keys, a block of keys at a time with an online softmax.
 void attend_one(const Problem& p, int64_t s, int64_t h, Scratch& w) {
   const int64_t rows = p.group * p.max_q, dim = p.dim, combined = 2 * p.num_kv;
-  const int64_t first = (s * p.num_kv + h) * rows;
-  float* m = p.m + first;
-  float* l = p.l + first;
-  float* acc = p.acc + first * dim;
-  std::fill(m, m + rows, p.mask_value);
-  std::fill(l, l + rows, 0.0f);
-  std::fill(acc, acc + rows * dim, 0.0f);
-  if (s >= p.num_seqs) return;
-  const int32_t* limit = p.limit + s * p.max_q;
-  int64_t longest = 0;
-  for (int64_t j = 0; j < p.max_q; ++j) longest = std::max<int64_t>(longest, limit[j]);
-  longest = std::min(longest, p.width * p.page_size);
+  const PrefixUnit unit(p, s, h);
+  float *m = unit.m, *l = unit.l, *acc = unit.acc;
+  const int32_t* limit = unit.limit;
+  const int64_t longest = unit.longest;
+  if (longest <= 0) return;
 
   w.scores.resize(rows * kKeyBlock);
   w.kv.resize(kKeyBlock);
@@ -281,18 +296,10 @@ inline void pad_keys(Scratch& w, int64_t n) {
 template <int DV>
 void attend_tiled(const Problem& p, int64_t s, int64_t h, Scratch& w) {
   const int64_t rows = p.group * p.max_q, dim = p.dim, combined = 2 * p.num_kv;
-  const int64_t first = (s * p.num_kv + h) * rows;
-  float* m = p.m + first;
-  float* l = p.l + first;
-  float* acc = p.acc + first * dim;
-  std::fill(m, m + rows, p.mask_value);
-  std::fill(l, l + rows, 0.0f);
-  std::fill(acc, acc + rows * dim, 0.0f);
-  if (s >= p.num_seqs) return;
-  const int32_t* limit = p.limit + s * p.max_q;
-  int64_t longest = 0;
-  for (int64_t j = 0; j < p.max_q; ++j) longest = std::max<int64_t>(longest, limit[j]);
-  longest = std::min(longest, p.width * p.page_size);
+  const PrefixUnit unit(p, s, h);
+  float *m = unit.m, *l = unit.l, *acc = unit.acc;
+  const int32_t* limit = unit.limit;
+  const int64_t longest = unit.longest;
   if (longest <= 0) return;
   // Row r = g * Q + j (the output layout [.., G, Q]).
   const TiledRows<DV> tiled(
