@@ -260,7 +260,7 @@ def prefix_block_attention(
     against 0.66M in tiles of 128). `loop_to_longest`: as in `ragged_paged_attention`.
     `cpu_kernel`: float32 steps of at most CPU_KERNEL_MAX_Q_LEN queries per sequence and head size
     64 or 128 run as one CPU kernel call (`cpu_kernels.ragged_attention`: no query layout, page
-    gathers or merges in XLA); other heads sizes take the prefix part through `_attend_pages`'s."""
+    gathers or merges in XLA); other head sizes take the prefix part through `_attend_pages`'s kernel."""
     _check_shapes(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     num_tokens, num_q_heads, head_dim = queries.shape
     num_kv_heads = kv_pages.shape[2] // 2

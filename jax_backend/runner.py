@@ -65,9 +65,9 @@ class TargetRunner:
         `fuse_projections`: q/k/v and gate/up as single matmuls (within noise on CPU).
         Both change XLA's float summation order only (results within float rounding).
         `tp_size` > 1: tensor parallel over the first tp_size devices (`jax_backend.sharding`).
-        `cpu_attention`: decode and short verify steps read the cached prefix through the CPU
-        kernel (`jax_backend.cpu_kernels`); None (default) = wherever it applies: one CPU device,
-        float32, the kernel built. True where it cannot apply is an error.
+        `cpu_attention`: the attention of decode and verify steps of <= 16 tokens per sequence
+        runs the CPU kernels (`jax_backend.cpu_kernels`); None (default) = wherever it applies:
+        one CPU device, float32, the kernels built. True where it cannot apply is an error.
         `cpu_matmul`: the projections and logits of steps of <= 64 rows run the CPU matmul kernel
         (`model.project`); None (default) = wherever it applies, as `cpu_attention`."""
         if layer_loop not in LAYER_LOOPS:
