@@ -4,7 +4,7 @@
 // YNNPACK's kernels, which read weights from memory at 4-10 GB/s: every decode and verify step's
 // dots were bound by them (docs/performance.md sections 23-24, 29). This kernel streams each weight
 // row once from memory (prefetching the next tile while it computes this one) and keeps a tile of
-// 3 rows x 8 outputs in vector registers, so the rows it reuses come from L1.
+// 4 rows x 6 outputs in vector registers, so the rows it reuses come from L1.
 //
 // Inputs: x [R, K] f32, w [L, N, K] f32 (out-major weights, a layer stack or one layer as L = 1),
 // layer s32 [] (which of the L to use). Output y [R, N] f32.
@@ -25,22 +25,33 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kRows = 3;     // rows of a register tile
-constexpr int kOutputs = 8;  // outputs of a register tile (3 x 8 accumulators + 8 weight vectors)
+// Tiles of 4 rows x 6 outputs (24 accumulators + 6 weight vectors); a single row takes 1 x 8.
+// Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8 0.89, K=16 0.81,
+// batch-32 decode 0.87; at one row 1 x 6 was 1.02, so one row keeps 1 x 8.
+constexpr int kRows = 4;
+constexpr int kOutputs = 6;
+constexpr int kRowOutputs = 8;  // outputs of a one-row tile
 
-// y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs; `next` (the next tile's weights, or
-// null) is prefetched a cache line per weight row per step, so it arrives while this one computes.
+// y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs. `next` (the next tile's weights, or
+// null) is prefetched while this one computes, spread over the tile's `blocks` row blocks: this
+// one (`block`) takes every blocks-th cache line of each weight row. Prefetching the whole next
+// tile in the first row block's steps queued more misses than the core keeps in flight.
 template <int RB, int NB>
-void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, const float* next) {
+void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, const float* next, int64_t block,
+          int64_t blocks) {
   constexpr int kAcc = (RB * NB + 15) / 16 * 16;
   v16 acc[kAcc];
   for (int i = 0; i < kAcc; ++i) acc[i] = v16{};
   const int64_t k16 = k_dim & ~int64_t{15};
-  for (int64_t k = 0; k < k16; k += 16) {
+  // Cache line k / 16 of the next tile is this block's to prefetch when (k / 16) % blocks == block.
+  const int64_t first = next ? 16 * block : k16, stride = 16 * blocks;
+  for (int64_t k = 0, fetch = first; k < k16; k += 16) {
     v16 wv[NB];
     for (int n = 0; n < NB; ++n) wv[n] = load(w + n * k_dim + k);
-    if (next)
+    if (k == fetch) {
       for (int n = 0; n < NB; ++n) __builtin_prefetch(next + n * k_dim + k, 0, 3);
+      fetch += stride;
+    }
     for (int r = 0; r < RB; ++r) {
       const v16 xv = load(x + r * k_dim + k);
       for (int n = 0; n < NB; ++n) acc[r * NB + n] += xv * wv[n];
@@ -65,10 +76,10 @@ void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, 
 // A tile of `rows` < RB rows (the rows left after the full tiles).
 template <int RB, int NB>
 void short_tile(int64_t rows, const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy,
-                const float* next) {
+                const float* next, int64_t block, int64_t blocks) {
   if constexpr (RB > 0) {
-    if (rows == RB) return tile<RB, NB>(x, w, k_dim, y, ldy, next);
-    short_tile<RB - 1, NB>(rows, x, w, k_dim, y, ldy, next);
+    if (rows == RB) return tile<RB, NB>(x, w, k_dim, y, ldy, next, block, blocks);
+    short_tile<RB - 1, NB>(rows, x, w, k_dim, y, ldy, next, block, blocks);
   }
 }
 
@@ -79,21 +90,22 @@ struct Problem {
   int64_t rows, k_dim, n_dim;
 };
 
-// Outputs [n0, n1) of every row.
-template <int NB>
+// Outputs [n0, n1) of every row, in tiles of RB rows x NB outputs.
+template <int RB, int NB>
 void outputs(const Problem& p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += NB) {
     const float* w = p.w + n * p.k_dim;
     const float* next = n + NB < n1 ? w + NB * p.k_dim : nullptr;
     if constexpr (NB > 1) {
-      if (n + NB > n1) return outputs<1>(p, n, n1);
+      if (n + NB > n1) return outputs<RB, 1>(p, n, n1);
     }
+    const int64_t blocks = (p.rows + RB - 1) / RB;
     int64_t r = 0;
-    for (; r + kRows <= p.rows; r += kRows)
-      tile<kRows, NB>(p.x + r * p.k_dim, w, p.k_dim, p.y + r * p.n_dim + n, p.n_dim, r == 0 ? next : nullptr);
+    for (; r + RB <= p.rows; r += RB)
+      tile<RB, NB>(p.x + r * p.k_dim, w, p.k_dim, p.y + r * p.n_dim + n, p.n_dim, next, r / RB, blocks);
     if (r < p.rows)
-      short_tile<kRows - 1, NB>(p.rows - r, p.x + r * p.k_dim, w, p.k_dim, p.y + r * p.n_dim + n, p.n_dim,
-                                r == 0 ? next : nullptr);
+      short_tile<RB - 1, NB>(p.rows - r, p.x + r * p.k_dim, w, p.k_dim, p.y + r * p.n_dim + n, p.n_dim, next,
+                             r / RB, blocks);
   }
 }
 
@@ -109,9 +121,14 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   // A few chunks per thread balance the threads; each chunk is a multiple of a tile's outputs.
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   int64_t chunk = std::max<int64_t>(64, (wd[1] + 4 * threads - 1) / (4 * threads));
-  chunk = (chunk + kOutputs - 1) / kOutputs * kOutputs;
+  const int64_t width = xd[0] == 1 ? kRowOutputs : kOutputs;
+  chunk = (chunk + width - 1) / width * width;
   parallel_units(pool, (wd[1] + chunk - 1) / chunk, [&problem, chunk](int64_t c) {
-    outputs<kOutputs>(problem, c * chunk, std::min(problem.n_dim, (c + 1) * chunk));
+    const int64_t n0 = c * chunk, n1 = std::min(problem.n_dim, n0 + chunk);
+    if (problem.rows == 1)
+      outputs<1, kRowOutputs>(problem, n0, n1);
+    else
+      outputs<kRows, kOutputs>(problem, n0, n1);
   });
   return ffi::Error::Success();
 }

@@ -21,10 +21,10 @@ def test_the_library_exports_the_matmul_handler():
     assert hasattr(ctypes.CDLL(str(cpu_kernels.build())), cpu_kernels.MATMUL_TARGET)
 
 
-# (rows, K, N): every remainder of the 3-row tiles and 8-output tiles, K not a multiple of 16,
-# widths past one thread's chunk, and SmolLM2's projection shapes.
-SHAPES = [(1, 576, 576), (2, 576, 192), (3, 1536, 576), (4, 100, 37), (7, 33, 9), (8, 576, 1536),
-          (17, 64, 130), (64, 576, 1000), (70, 48, 24)]
+# (rows, K, N): every remainder of the 4-row tiles, of the 6-output tiles and of a single row's
+# 8-output tiles, K not a multiple of 16, widths past one thread's chunk, SmolLM2's projection shapes.
+SHAPES = [(1, 576, 576), (1, 40, 13), (2, 576, 192), (3, 1536, 576), (4, 100, 37), (5, 64, 11), (7, 33, 9),
+          (8, 576, 1536), (17, 64, 130), (64, 576, 1000), (70, 48, 24)]
 
 
 @pytest.mark.parametrize("rows,k,n", SHAPES)
