@@ -26,8 +26,8 @@ namespace ffi = xla::ffi;
 namespace {
 
 // Tiles of 4 rows x 6 outputs (24 accumulators + 6 weight vectors); a single row takes 1 x 8.
-// Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8 0.89, K=16 0.81,
-// batch-32 decode 0.87; at one row 1 x 6 was 1.02, so one row keeps 1 x 8.
+// Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8 0.92-0.95,
+// K=16 0.78-0.85, batch-32 decode 0.87-0.94; one row in 1 x 6 tiles read 1.02, so it keeps 1 x 8.
 constexpr int kRows = 4;
 constexpr int kOutputs = 6;
 constexpr int kRowOutputs = 8;  // outputs of a one-row tile
@@ -93,13 +93,13 @@ struct Problem {
 // Outputs [n0, n1) of every row, in tiles of RB rows x NB outputs.
 template <int RB, int NB>
 void outputs(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t blocks = (p.rows + RB - 1) / RB;
   for (int64_t n = n0; n < n1; n += NB) {
     const float* w = p.w + n * p.k_dim;
     const float* next = n + NB < n1 ? w + NB * p.k_dim : nullptr;
     if constexpr (NB > 1) {
       if (n + NB > n1) return outputs<RB, 1>(p, n, n1);
     }
-    const int64_t blocks = (p.rows + RB - 1) / RB;
     int64_t r = 0;
     for (; r + RB <= p.rows; r += RB)
       tile<RB, NB>(p.x + r * p.k_dim, w, p.k_dim, p.y + r * p.n_dim + n, p.n_dim, next, r / RB, blocks);
@@ -107,6 +107,18 @@ void outputs(const Problem& p, int64_t n0, int64_t n1) {
       short_tile<RB - 1, NB>(p.rows - r, p.x + r * p.k_dim, w, p.k_dim, p.y + r * p.n_dim + n, p.n_dim, next,
                              r / RB, blocks);
   }
+}
+
+// Every output of `p` in RB x NB tiles, over the pool's threads: a few chunks per thread balance
+// them, each chunk a multiple of a tile's outputs.
+template <int RB, int NB>
+void run(ffi::ThreadPool& pool, const Problem& p) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  int64_t chunk = std::max<int64_t>(64, (p.n_dim + 4 * threads - 1) / (4 * threads));
+  chunk = (chunk + NB - 1) / NB * NB;
+  parallel_units(pool, (p.n_dim + chunk - 1) / chunk, [&p, chunk](int64_t c) {
+    outputs<RB, NB>(p, c * chunk, std::min(p.n_dim, (c + 1) * chunk));
+  });
 }
 
 ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
@@ -118,18 +130,10 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   const int64_t index = layer.typed_data()[0];
   if (index < 0 || index >= wd[0]) return ffi::Error::InvalidArgument("rows_matmul: layer index out of range");
   const Problem problem{x.typed_data(), w.typed_data() + index * wd[1] * wd[2], y->typed_data(), xd[0], xd[1], wd[1]};
-  // A few chunks per thread balance the threads; each chunk is a multiple of a tile's outputs.
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  int64_t chunk = std::max<int64_t>(64, (wd[1] + 4 * threads - 1) / (4 * threads));
-  const int64_t width = xd[0] == 1 ? kRowOutputs : kOutputs;
-  chunk = (chunk + width - 1) / width * width;
-  parallel_units(pool, (wd[1] + chunk - 1) / chunk, [&problem, chunk](int64_t c) {
-    const int64_t n0 = c * chunk, n1 = std::min(problem.n_dim, n0 + chunk);
-    if (problem.rows == 1)
-      outputs<1, kRowOutputs>(problem, n0, n1);
-    else
-      outputs<kRows, kOutputs>(problem, n0, n1);
-  });
+  if (problem.rows == 1)
+    run<1, kRowOutputs>(pool, problem);
+  else
+    run<kRows, kOutputs>(pool, problem);
   return ffi::Error::Success();
 }
 
