@@ -16,7 +16,8 @@ $XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the comp
 jaxlib's version and the CPU's features: a few seconds once per machine. Where that cannot be
 done (no compiler, a read-only cache) `available()` is False, a warning says why, and callers
 keep the pure-JAX path.
-`SGL_DFLASH_CPU_KERNELS=0` turns the kernels off.
+`SGL_DFLASH_CPU_KERNELS=0` turns the kernels off; `SGL_DFLASH_KERNEL_FLAGS` adds compiler flags
+(`-mno-avx512f` builds, on an AVX-512 CPU, the AVX2 code that other machines run).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ RAGGED_TARGET = "sgl_dflash_ragged_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
 ENV_DIR = "SGL_DFLASH_KERNEL_DIR"
+ENV_FLAGS = "SGL_DFLASH_KERNEL_FLAGS"  # extra compiler flags, e.g. -mno-avx512f: this CPU builds the AVX2 code
 
 
 def kernel_dir() -> Path:
@@ -77,7 +79,8 @@ def build() -> Path:
     if cxx is None:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha1("\n".join([*(source.read_text() for source in SOURCES + HEADERS), version, " ".join(FLAGS), jaxlib.__version__,
+    flags = (*FLAGS, *os.environ.get(ENV_FLAGS, "").split())
+    key = hashlib.sha1("\n".join([*(source.read_text() for source in SOURCES + HEADERS), version, " ".join(flags), jaxlib.__version__,
                                   _cpu_features()]).encode())
     path = kernel_dir() / f"sgl_dflash_kernels-{key.hexdigest()[:16]}.so"
     if path.exists():
@@ -87,7 +90,7 @@ def build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *FLAGS, "-I", jax.ffi.include_dir(), *map(str, SOURCES), "-o", tmp]
+        cmd = [cxx, *flags, "-I", jax.ffi.include_dir(), *map(str, SOURCES), "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"compiling {', '.join(s.name for s in SOURCES)} failed:\n{done.stderr[-2000:]}")

@@ -167,51 +167,63 @@ void attend_one(const Problem& p, int64_t s, int64_t h, Scratch& w) {
   }
 }
 
-// Scores out[r][t0 + n] = q[r] . k[n] of RB query rows and NB keys (16 * DV floats each).
+// Scores out[r][t0 + n] = q[r] . k[n] of RB query rows and NB keys (16 * DV floats each). The
+// accumulators are machine vectors (common.h): lane j sums d = j, j + 16, .. whatever their width.
 template <int DV, int RB, int NB>
 inline void score_tile(const float* const* q, const float* const* k, float* const* out, int64_t t0) {
-  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
-  v16 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = v16{};
-  for (int d = 0; d < DV; ++d) {
-    v16 kv[NB];
-    for (int n = 0; n < NB; ++n) kv[n] = load(k[n] + 16 * d);
-    for (int r = 0; r < RB; ++r) {
-      const v16 qv = load(q[r] + 16 * d);
-      for (int n = 0; n < NB; ++n) acc[r * NB + n] += qv * kv[n];
+  vn acc[RB * NB * kParts];  // (r, n)'s lanes are acc[(r * NB + n) * kParts + part]
+  for (int i = 0; i < RB * NB * kParts; ++i) acc[i] = vn{};
+  for (int d = 0; d < DV; ++d)
+    for (int part = 0; part < kParts; ++part) {
+      const int64_t at = 16 * d + part * kLanes;
+      vn kv[NB];
+      for (int n = 0; n < NB; ++n) kv[n] = load_n(k[n] + at);
+      for (int r = 0; r < RB; ++r) {
+        const vn qv = load_n(q[r] + at);
+        for (int n = 0; n < NB; ++n) acc[(r * NB + n) * kParts + part] += qv * kv[n];
+      }
     }
-  }
+  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
+  v16 all[kAcc] = {};
+  for (int i = 0; i < RB * NB; ++i) std::memcpy(&all[i], &acc[i * kParts], sizeof(v16));
   float sums[kAcc];
-  for (int i = 0; i < kAcc; i += 16) store(sums + i, sums16(acc + i));
+  for (int i = 0; i < kAcc; i += 16) store(sums + i, sums16(all + i));
   for (int r = 0; r < RB; ++r)
     for (int n = 0; n < NB; ++n) out[r][t0 + n] = sums[r * NB + n];
 }
 
-// acc[r] += sum over keys t < n of p[r][t] * v[t], for RB rows of 16 * DV floats.
+// acc[r] += sum over keys t < n of p[r][t] * v[t], for RB rows of 16 * DV floats, kChunk machine
+// vectors of each row at a time (on AVX2 a whole row's accumulators do not fit the registers).
 template <int DV, int RB>
 inline void value_tile(const float* const* p, const float* const* v, int64_t n, float* const* acc) {
-  v16 a[RB][DV];
-  for (int r = 0; r < RB; ++r)
-    for (int d = 0; d < DV; ++d) a[r][d] = load(acc[r] + 16 * d);
-  for (int64_t t = 0; t < n; ++t) {
-    v16 vv[DV];
-    for (int d = 0; d < DV; ++d) vv[d] = load(v[t] + 16 * d);
-    for (int r = 0; r < RB; ++r) {
-      const float weight = p[r][t];
-      for (int d = 0; d < DV; ++d) a[r][d] += weight * vv[d];
+  constexpr int kVecs = DV * kParts, kChunk = kAvx512 ? kVecs : 4;
+  static_assert(kVecs % kChunk == 0);
+  for (int c = 0; c < kVecs; c += kChunk) {
+    vn a[RB][kChunk];
+    for (int r = 0; r < RB; ++r)
+      for (int i = 0; i < kChunk; ++i) a[r][i] = load_n(acc[r] + (c + i) * kLanes);
+    for (int64_t t = 0; t < n; ++t) {
+      vn vv[kChunk];
+      for (int i = 0; i < kChunk; ++i) vv[i] = load_n(v[t] + (c + i) * kLanes);
+      for (int r = 0; r < RB; ++r) {
+        const float weight = p[r][t];
+        for (int i = 0; i < kChunk; ++i) a[r][i] += weight * vv[i];
+      }
     }
+    for (int r = 0; r < RB; ++r)
+      for (int i = 0; i < kChunk; ++i) store_n(acc[r] + (c + i) * kLanes, a[r][i]);
   }
-  for (int r = 0; r < RB; ++r)
-    for (int d = 0; d < DV; ++d) store(acc[r] + 16 * d, a[r][d]);
 }
 
-constexpr int kScoreRows = 3, kScoreKeys = 8;  // 24 accumulators
+// AVX-512: 24 accumulators of 3 rows x 8 keys; AVX2: 3 x 2 keys x two halves (12 of 16 registers).
+constexpr int kScoreRows = 3, kScoreKeys = kAvx512 ? 8 : 2;
 
 // The query rows of one (sequence, kv head) for the tiled path: their pointers padded to whole
 // tiles (padding rows read row 0, write scratch), and the softmax state they update.
 template <int DV>
 struct TiledRows {
-  static constexpr int kValueRows = 24 / DV;  // 24 accumulators: 6 rows of 64 floats, 3 of 128
+  // AVX-512: 24 accumulators, 6 rows of 64 floats or 3 of 128; AVX2: 3 rows x 4 (value_tile).
+  static constexpr int kValueRows = kAvx512 ? 24 / DV : 3;
   int64_t rows;
   float *m, *l;
 

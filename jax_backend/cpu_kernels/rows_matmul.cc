@@ -4,7 +4,8 @@
 // YNNPACK's kernels, which read weights from memory at 4-10 GB/s: every decode and verify step's
 // dots were bound by them (docs/performance.md sections 23-24, 29). This kernel streams each weight
 // row once from memory (prefetching the next tile while it computes this one) and keeps a tile of
-// 4 rows x 6 outputs in vector registers, so the rows it reuses come from L1.
+// rows x outputs in vector registers (4 x 6 with AVX-512, 3 x 2 with AVX2), so the rows it reuses
+// come from L1.
 //
 // Inputs: x [R, K] f32, w [L, N, K] f32 (out-major weights, a layer stack or one layer as L = 1),
 // layer s32 [] (which of the L to use). Output y [R, N] f32.
@@ -25,48 +26,57 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Tiles of 4 rows x 6 outputs (24 accumulators + 6 weight vectors); a single row takes 1 x 8.
-// Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8 0.92-0.95,
-// K=16 0.78-0.85, batch-32 decode 0.87-0.94; one row in 1 x 6 tiles read 1.02, so it keeps 1 x 8.
-constexpr int kRows = 4;
-constexpr int kOutputs = 6;
-constexpr int kRowOutputs = 8;  // outputs of a one-row tile
+// Register tiles of RB rows x NB outputs (their accumulators `vn`s, common.h).
+// AVX-512 (32 registers): 4 x 6 tiles (24 accumulators + 6 weight vectors); a single row takes
+// 1 x 8. Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8
+// 0.92-0.95, K=16 0.78-0.85, batch-32 decode 0.87-0.94; one row in 1 x 6 tiles read 1.02.
+// AVX2 (16 registers of 8 floats, two per output): 3 x 2 and 1 x 4 (section 31).
+#ifndef TILE  // rows, outputs, outputs of a one-row tile (a build flag for tile experiments)
+#define TILE (kAvx512 ? 4 : 3), (kAvx512 ? 6 : 2), (kAvx512 ? 8 : 4)
+#endif
+constexpr int kTile[3] = {TILE};
+constexpr int kRows = kTile[0], kOutputs = kTile[1], kRowOutputs = kTile[2];
 
 // y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs. `next` (the next tile's weights, or
 // null) is prefetched while this one computes, spread over the tile's `blocks` row blocks: this
 // one (`block`) takes every blocks-th cache line of each weight row. Prefetching the whole next
 // tile in the first row block's steps queued more misses than the core keeps in flight.
+// Lane j of output (r, n) sums k = j, j + 16, .. in order, whatever the vector width.
 template <int RB, int NB>
 void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, const float* next, int64_t block,
           int64_t blocks) {
-  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
-  v16 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = v16{};
+  vn acc[RB * NB * kParts];  // output (r, n)'s lanes are acc[(r * NB + n) * kParts + part]
+  for (int i = 0; i < RB * NB * kParts; ++i) acc[i] = vn{};
   const int64_t k16 = k_dim & ~int64_t{15};
   // Cache line k / 16 of the next tile is this block's to prefetch when (k / 16) % blocks == block.
   const int64_t first = next ? 16 * block : k16, stride = 16 * blocks;
   for (int64_t k = 0, fetch = first; k < k16; k += 16) {
-    v16 wv[NB];
-    for (int n = 0; n < NB; ++n) wv[n] = load(w + n * k_dim + k);
     if (k == fetch) {
       for (int n = 0; n < NB; ++n) __builtin_prefetch(next + n * k_dim + k, 0, 3);
       fetch += stride;
     }
-    for (int r = 0; r < RB; ++r) {
-      const v16 xv = load(x + r * k_dim + k);
-      for (int n = 0; n < NB; ++n) acc[r * NB + n] += xv * wv[n];
+    for (int part = 0; part < kParts; ++part) {
+      vn wv[NB];
+      for (int n = 0; n < NB; ++n) wv[n] = load_n(w + n * k_dim + k + part * kLanes);
+      for (int r = 0; r < RB; ++r) {
+        const vn xv = load_n(x + r * k_dim + k + part * kLanes);
+        for (int n = 0; n < NB; ++n) acc[(r * NB + n) * kParts + part] += xv * wv[n];
+      }
     }
   }
+  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
+  v16 all[kAcc] = {};
+  for (int i = 0; i < RB * NB; ++i) std::memcpy(&all[i], &acc[i * kParts], sizeof(v16));
   if (k16 < k_dim) {  // the last K % 16 columns, zero-padded (zeros add nothing to any lane)
     float wt[NB][16] = {}, xt[RB][16] = {};
     for (int n = 0; n < NB; ++n) std::memcpy(wt[n], w + n * k_dim + k16, (k_dim - k16) * sizeof(float));
     for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * k_dim + k16, (k_dim - k16) * sizeof(float));
     for (int r = 0; r < RB; ++r)
-      for (int n = 0; n < NB; ++n) acc[r * NB + n] += load(xt[r]) * load(wt[n]);
+      for (int n = 0; n < NB; ++n) all[r * NB + n] += load(xt[r]) * load(wt[n]);
   }
   float s[kAcc];
   for (int i = 0; i < kAcc; i += 16) {
-    const v16 sums = sums16(acc + i);
+    const v16 sums = sums16(all + i);
     std::memcpy(s + i, &sums, sizeof(sums));
   }
   for (int r = 0; r < RB; ++r)
