@@ -30,7 +30,8 @@ namespace {
 // AVX-512 (32 registers): 4 x 6 tiles (24 accumulators + 6 weight vectors); a single row takes
 // 1 x 8. Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8
 // 0.92-0.95, K=16 0.78-0.85, batch-32 decode 0.87-0.94; one row in 1 x 6 tiles read 1.02.
-// AVX2 (16 registers of 8 floats, two per output): 3 x 2 and 1 x 4 (section 31).
+// AVX2 (16 registers of 8 floats, two per output): 3 x 2 and 1 x 4 (section 31). With AVX-512,
+// 2-8 rows take one 8 x 3 tile block: at 8 rows 0.62-0.76 of 4 x 6's time (section 31).
 #ifndef TILE  // rows, outputs, outputs of a one-row tile (a build flag for tile experiments)
 #define TILE (kAvx512 ? 4 : 3), (kAvx512 ? 6 : 2), (kAvx512 ? 8 : 4)
 #endif
@@ -142,6 +143,8 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   const Problem problem{x.typed_data(), w.typed_data() + index * wd[1] * wd[2], y->typed_data(), xd[0], xd[1], wd[1]};
   if (problem.rows == 1)
     run<1, kRowOutputs>(pool, problem);
+  else if (kAvx512 && problem.rows <= 8)  // one row block: each weight tile read once, from memory
+    run<8, 3>(pool, problem);
   else
     run<kRows, kOutputs>(pool, problem);
   return ffi::Error::Success();
