@@ -4,8 +4,8 @@
 // YNNPACK's kernels, which read weights from memory at 4-10 GB/s: every decode and verify step's
 // dots were bound by them (docs/performance.md sections 23-24, 29). This kernel streams each weight
 // row once from memory (prefetching the next tile while it computes this one) and keeps a tile of
-// rows x outputs in vector registers (4 x 6 with AVX-512, 3 x 2 with AVX2), so the rows it reuses
-// come from L1.
+// rows x outputs in vector registers (4 x 6 or 8 x 3 with AVX-512, 3 x 2 with AVX2), so the rows it
+// reuses come from L1.
 //
 // Inputs: x [R, K] f32, w [L, N, K] f32 (out-major weights, a layer stack or one layer as L = 1),
 // layer s32 [] (which of the L to use). Output y [R, N] f32.
@@ -27,16 +27,17 @@ namespace ffi = xla::ffi;
 namespace {
 
 // Register tiles of RB rows x NB outputs (their accumulators `vn`s, common.h).
-// AVX-512 (32 registers): 4 x 6 tiles (24 accumulators + 6 weight vectors); a single row takes
-// 1 x 8. Against 3 x 8 tiles, in the model (docs/performance.md section 30): verify K=8
-// 0.92-0.95, K=16 0.78-0.85, batch-32 decode 0.87-0.94; one row in 1 x 6 tiles read 1.02.
-// AVX2 (16 registers of 8 floats, two per output): 3 x 2 and 1 x 4 (section 31). With AVX-512,
-// 2-8 rows take one 8 x 3 tile block: at 8 rows 0.62-0.76 of 4 x 6's time (section 31).
+// AVX-512 (32 registers): one row 1 x 8; 2-8 rows one block of 8 x 3 tiles, so each weight tile
+// is read from memory once (at 8 rows 0.62-0.76 of 4 x 6's time, docs/performance.md section 31b);
+// more rows 4 x 6 (24 accumulators + 6 weight vectors; against 3 x 8 tiles at 16 rows and batch-32
+// decode 0.78-0.94, section 30). AVX2 (16 registers of 8 floats, two per output): 1 x 4 and 3 x 2
+// for any other number of rows (section 31).
 #ifndef TILE  // rows, outputs, outputs of a one-row tile (a build flag for tile experiments)
 #define TILE (kAvx512 ? 4 : 3), (kAvx512 ? 6 : 2), (kAvx512 ? 8 : 4)
 #endif
 constexpr int kTile[3] = {TILE};
 constexpr int kRows = kTile[0], kOutputs = kTile[1], kRowOutputs = kTile[2];
+constexpr int kFewRows = 8, kFewOutputs = 3;  // with AVX-512, 2..kFewRows rows: one block of these tiles
 
 // y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs. `next` (the next tile's weights, or
 // null) is prefetched while this one computes, spread over the tile's `blocks` row blocks: this
@@ -143,8 +144,8 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   const Problem problem{x.typed_data(), w.typed_data() + index * wd[1] * wd[2], y->typed_data(), xd[0], xd[1], wd[1]};
   if (problem.rows == 1)
     run<1, kRowOutputs>(pool, problem);
-  else if (kAvx512 && problem.rows <= 8)  // one row block: each weight tile read once, from memory
-    run<8, 3>(pool, problem);
+  else if (kAvx512 && problem.rows <= kFewRows)
+    run<kFewRows, kFewOutputs>(pool, problem);
   else
     run<kRows, kOutputs>(pool, problem);
   return ffi::Error::Success();

@@ -12,7 +12,7 @@ import numpy as np
 
 from jax_backend import cpu_kernels
 from jax_backend.paged_attention import CPU_KERNEL_MAX_Q_LEN, prefix_block_attention
-from tests.jax_backend.test_paged_attention import pack_specs
+from tests.jax_backend.test_cpu_kernels import whole_step_case
 
 MATMUL_SHAPES = [(1, 576, 576), (3, 1536, 576), (8, 576, 1536), (16, 576, 960), (17, 64, 130), (5, 40, 13)]
 
@@ -25,18 +25,10 @@ def outputs() -> dict[str, np.ndarray]:
         x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((n, k), np.float32)
         out[f"matmul_{rows}x{k}x{n}"] = np.asarray(cpu_kernels.rows_matmul(x, w))
     for heads, kv_heads, head_dim in [(9, 3, 64), (8, 2, 128)]:
-        page, pages_per_seq, max_seqs, num_tokens = 16, 24, 8, 64
-        specs = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263)]  # (q_len, prefix + q_len)
-        pool = rng.standard_normal((64, page, 2 * kv_heads, head_dim), np.float32)
-        garbage = rng.integers(0, pages_per_seq * page, max_seqs).astype(np.int32)
-        page_indices, kv_lens, cu_q_lens = pack_specs(specs, rng.permutation(np.arange(1, 64)), garbage, pages_per_seq, page)
-        queries = rng.standard_normal((num_tokens, heads, head_dim), np.float32)
-        new_k, new_v = (rng.standard_normal((num_tokens, kv_heads, head_dim), np.float32) for _ in range(2))
-        args = [jnp.asarray(a) for a in (queries, new_k, new_v, pool, kv_lens, page_indices, cu_q_lens,
-                                         np.array([len(specs)], np.int32))]
         attend = jax.jit(functools.partial(prefix_block_attention, sm_scale=head_dim**-0.5, max_q_len=CPU_KERNEL_MAX_Q_LEN,
                                            chunk_tokens=64, loop_to_longest=True, cpu_kernel=True))
-        out[f"attention_{heads}_{kv_heads}_{head_dim}"] = np.asarray(attend(*args))
+        case = whole_step_case(heads, kv_heads, head_dim)
+        out[f"attention_{heads}_{kv_heads}_{head_dim}"] = np.asarray(attend(*map(jnp.asarray, case)))
     return out
 
 

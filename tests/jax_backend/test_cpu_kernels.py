@@ -92,15 +92,17 @@ def test_kernel_prefix_attention_equals_the_jax_path():
     np.testing.assert_allclose(run(True), run(False), atol=2e-6, rtol=0)
 
 
-@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 64)])
-def test_the_whole_step_attention_equals_the_dense_reference_and_the_jax_path(num_q_heads, num_kv_heads, head_dim):
-    """`prefix_block_attention` as one kernel call (`cpu_kernels.ragged_attention`): verify blocks
-    of up to CPU_KERNEL_MAX_Q_LEN tokens over prefixes past one 128-key block (several online-softmax
-    steps), a block's rows split over work units, a sequence without a prefix, stale values at and
-    after each prefix in the pages, padding sequences with garbage lengths and padding rows."""
+WHOLE_STEP_SPECS = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263)]  # (q_len, prefix + q_len)
+
+
+def whole_step_case(num_q_heads, num_kv_heads, head_dim):
+    """Inputs of `prefix_block_attention` (numpy): verify blocks of up to CPU_KERNEL_MAX_Q_LEN
+    tokens over prefixes past one 128-key block (several online-softmax steps), a sequence without
+    a prefix, stale values at and after each prefix in the pages, padding sequences with garbage
+    lengths and padding rows."""
     rng = np.random.default_rng(num_q_heads + head_dim)
     page, pages_per_seq, max_seqs, num_tokens = 16, 24, 8, 64
-    specs = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263)]  # (q_len, prefix + q_len)
+    specs = WHOLE_STEP_SPECS
     pool = rng.standard_normal((64, page, 2 * num_kv_heads, head_dim), np.float32)
     pool[0] = 1e4  # scratch page: never read
     garbage = rng.integers(0, pages_per_seq * page, max_seqs).astype(np.int32)
@@ -110,8 +112,17 @@ def test_the_whole_step_attention_equals_the_dense_reference_and_the_jax_path(nu
             pool[page_indices[i, pos // page], pos % page] = 1e4
     queries = rng.standard_normal((num_tokens, num_q_heads, head_dim), np.float32)
     new_k, new_v = (rng.standard_normal((num_tokens, num_kv_heads, head_dim), np.float32) for _ in range(2))
-    args = [jnp.asarray(a) for a in (queries, new_k, new_v, pool, kv_lens, page_indices, cu_q_lens,
-                                     np.array([len(specs)], np.int32))]
+    return queries, new_k, new_v, pool, kv_lens, page_indices, cu_q_lens, np.array([len(specs)], np.int32)
+
+
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 64)])
+def test_the_whole_step_attention_equals_the_dense_reference_and_the_jax_path(num_q_heads, num_kv_heads, head_dim):
+    """`prefix_block_attention` as one kernel call (`cpu_kernels.ragged_attention`) on
+    `whole_step_case`, a block's rows split over work units."""
+    case = whole_step_case(num_q_heads, num_kv_heads, head_dim)
+    queries, new_k, new_v, pool, kv_lens, page_indices, cu_q_lens, _ = case
+    specs = WHOLE_STEP_SPECS
+    args = [jnp.asarray(a) for a in case]
     fn = lambda kernel: jax.jit(functools.partial(  # noqa: E731
         prefix_block_attention, sm_scale=head_dim**-0.5, max_q_len=CPU_KERNEL_MAX_Q_LEN, chunk_tokens=64,
         loop_to_longest=True, cpu_kernel=kernel))
