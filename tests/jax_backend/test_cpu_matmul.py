@@ -22,9 +22,10 @@ def test_the_library_exports_the_matmul_handler():
 
 
 # (rows, K, N): every remainder of the 4-row tiles, of the 6-output tiles and of a single row's
-# 8-output tiles, K not a multiple of 16, widths past one thread's chunk, SmolLM2's projection shapes.
+# 8-output tiles, the 13-16 row 6 x 4 tiles (and their remainders), K not a multiple of 16, widths
+# past one thread's chunk, SmolLM2's projection shapes.
 SHAPES = [(1, 576, 576), (1, 40, 13), (2, 576, 192), (3, 1536, 576), (4, 100, 37), (5, 64, 11), (7, 33, 9),
-          (8, 576, 1536), (17, 64, 130), (64, 576, 1000), (70, 48, 24)]
+          (8, 576, 1536), (13, 100, 37), (16, 576, 1536), (17, 64, 130), (64, 576, 1000), (70, 48, 24)]
 
 
 @pytest.mark.parametrize("rows,k,n", SHAPES)
@@ -45,7 +46,7 @@ def test_a_row_gets_the_same_bits_alone_as_in_any_block():
     x = rng.standard_normal((23, 576), dtype=np.float32)
     w = rng.standard_normal((1000, 576), dtype=np.float32)
     block = np.asarray(cpu_kernels.rows_matmul(x, w))
-    for start, size in [(0, 1), (5, 1), (0, 2), (3, 4), (9, 8), (0, 23)]:
+    for start, size in [(0, 1), (5, 1), (0, 2), (3, 4), (9, 8), (2, 12), (1, 13), (7, 16), (0, 23)]:
         np.testing.assert_array_equal(np.asarray(cpu_kernels.rows_matmul(x[start : start + size], w)),
                                       block[start : start + size])
 
