@@ -3,7 +3,8 @@
 //   g++ -O3 -march=native -std=c++17 -fno-math-errno -w -I $(python -c "import jax; print(jax.ffi.include_dir())") \
 //       docs/performance/rows_matmul_one_core_2026-12-03.cc -o /tmp/one_core && /tmp/one_core ROWS [N]
 // ROWS a multiple of 24 (every tile here covers whole row blocks only), N a multiple of 96.
-// (the outer tiles read w as if packed k-major: their outputs are not compared, only timed.)
+// (the outer tiles read w as if packed k-major: their outputs are not compared, only timed. Section 33's
+// K-blocked outer tiles and the all-in-L1 tile were variants of this loop, run by hand.)
 #include "../../jax_backend/cpu_kernels/rows_matmul.cc"
 #include <chrono>
 #include <cstdio>
