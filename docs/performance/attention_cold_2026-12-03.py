@@ -2,37 +2,23 @@
 over 600 MB, more than the L3), one process, 5 interleaved passes, medians, outputs bit-identical
 (docs/performance.md section 32; run on the previous source with a -DPF_KV variant, since kept as `prefetch_kv`):
 
-    python docs/performance/attention_cold_2026-12-03.py "base:" "other:-DFLAG"
+    PYTHONPATH=. python docs/performance/attention_cold_2026-12-03.py "base:" "other:-DFLAG"
 """
-import ctypes, functools, os, subprocess, sys, time, tempfile
-from pathlib import Path
+import functools, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax_backend import cpu_kernels
 from jax_backend.paged_attention import CPU_KERNEL_MAX_Q_LEN, prefix_block_attention
 from tests.jax_backend.test_paged_attention import pack_specs
-src = Path(cpu_kernels.__file__).parent
-variants = [v.split(":") for v in sys.argv[1:]]
-tmp = Path(tempfile.mkdtemp()); (tmp / "common.h").write_text((src / "common.h").read_text())
-names = []
-for i, (label, flags) in enumerate(variants):
-    name = f"attn_{i}"
-    (tmp / f"{name}.cc").write_text((src / "paged_attention.cc").read_text().replace("sgl_dflash_ragged_attention", name))
-    subprocess.run(["g++", *cpu_kernels.FLAGS, "-w", *[f for f in flags.split(";") if f], "-I", jax.ffi.include_dir(),
-                    str(tmp / f"{name}.cc"), "-o", str(tmp / f"{name}.so")], check=True)
-    lib = ctypes.CDLL(str(tmp / f"{name}.so"))
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-    names.append(name)
+from kernel_variants import build, calling, parse
+variants = parse(sys.argv[1:])
+labels = [label for label, _ in variants]
+names = build("paged_attention.cc", "sgl_dflash_ragged_attention", [flags for _, flags in variants])
 assert cpu_kernels.available()
 rng = np.random.default_rng(0)
-labels = [v[0] for v in variants]
 def fn(name, t):
     f = functools.partial(prefix_block_attention, sm_scale=64**-0.5, max_q_len=CPU_KERNEL_MAX_Q_LEN, chunk_tokens=max(t, 16),
                           loop_to_longest=True, cpu_kernel=True)
-    def g(*a):
-        cpu_kernels.RAGGED_TARGET = name
-        try: return f(*a)
-        finally: cpu_kernels.RAGGED_TARGET = "sgl_dflash_ragged_attention"
-    return jax.jit(g)
+    return jax.jit(calling("RAGGED_TARGET", name, f))
 for seqs, q_len, ctx in [(32, 1, 256), (32, 1, 1024), (4, 8, 256), (1, 16, 256)]:
     heads, kv_heads, dim, page = 9, 3, 64, 16
     pages_per_seq = (ctx + q_len) // page + 1

@@ -5,31 +5,16 @@ section 31c):
     ROWS=9,10,12,14,16,24,32 python docs/performance/rows_matmul_cold_2026-12-03.py "t46:" "t64:-DTILE=6,4,8" "t83:-DTILE=8,3,8"
 
 A variant is label:flags, flags separated by ";". Measured before 13-16 rows got 6 x 4 tiles."""
-import ctypes, subprocess, sys, time, tempfile
-from pathlib import Path
+import os, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax_backend import cpu_kernels
-src = Path(cpu_kernels.__file__).parent
-variants = [v.split(":") for v in sys.argv[1:]]  # name:flags(comma sep)
-tmp = Path(tempfile.mkdtemp()); (tmp / "common.h").write_text((src / "common.h").read_text())
-names = []
-for i, (label, flags) in enumerate(variants):
-    name = f"mm_{i}"
-    (tmp / f"{name}.cc").write_text((src / "rows_matmul.cc").read_text().replace("sgl_dflash_rows_matmul", name))
-    extra = [f for f in flags.split(";") if f]
-    subprocess.run(["g++", *cpu_kernels.FLAGS, "-w", *extra, "-I", jax.ffi.include_dir(), str(tmp / f"{name}.cc"), "-o", str(tmp / f"{name}.so")], check=True)
-    lib = ctypes.CDLL(str(tmp / f"{name}.so"))
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-    names.append(name)
-def fn(name):
-    def f(x, w):
-        cpu_kernels.MATMUL_TARGET = name
-        try: return cpu_kernels.rows_matmul(x, w)
-        finally: cpu_kernels.MATMUL_TARGET = "sgl_dflash_rows_matmul"
-    return jax.jit(f)
+from kernel_variants import build, calling, parse
+variants = parse(sys.argv[1:])
+labels = [label for label, _ in variants]
+names = build("rows_matmul.cc", "sgl_dflash_rows_matmul", [flags for _, flags in variants])
+fn = lambda name: jax.jit(calling("MATMUL_TARGET", name, cpu_kernels.rows_matmul))
 rng = np.random.default_rng(0)
-labels = [v[0] for v in variants]
-import os; ROWS = [int(r) for r in os.environ.get("ROWS", "1,4,8,12,16,32").split(",")]
+ROWS = [int(r) for r in os.environ.get("ROWS", "1,4,8,12,16,32").split(",")]
 for k, n, count in [(576, 1536, 180), (1536, 576, 180), (576, 49152, 6)]:
     ws = [jnp.asarray(rng.standard_normal((n, k), np.float32)) for _ in range(count)]
     for rows in ROWS:

@@ -3,28 +3,13 @@
 Measured before 2-8 rows got their fixed 8 x 3 tiles; since then -DTILE sets the other row counts' tiles.
 
     python docs/performance/rows_matmul_tiles_registers_2026-12-02.py 4,6,8 8,3,8 6,4,8"""
-import ctypes, subprocess, sys, time, tempfile
-from pathlib import Path
+import sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax_backend import cpu_kernels
-src = Path(cpu_kernels.__file__).parent
+from kernel_variants import build, calling
 tiles = sys.argv[1:]  # e.g. 4,6,8 8,3,8
-tmp = Path(tempfile.mkdtemp())
-(tmp / "common.h").write_text((src / "common.h").read_text())
-names = []
-for i, t in enumerate(tiles):
-    name = f"mm_{i}"
-    (tmp / f"{name}.cc").write_text((src / "rows_matmul.cc").read_text().replace("sgl_dflash_rows_matmul", name))
-    subprocess.run(["g++", *cpu_kernels.FLAGS, "-w", f"-DTILE={t}", "-I", jax.ffi.include_dir(), str(tmp / f"{name}.cc"), "-o", str(tmp / f"{name}.so")], check=True)
-    lib = ctypes.CDLL(str(tmp / f"{name}.so"))
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-    names.append(name)
-def fn(name):
-    def f(x, w):
-        cpu_kernels.MATMUL_TARGET = name
-        try: return cpu_kernels.rows_matmul(x, w)
-        finally: cpu_kernels.MATMUL_TARGET = "sgl_dflash_rows_matmul"
-    return jax.jit(f)
+names = build("rows_matmul.cc", "sgl_dflash_rows_matmul", [[f"-DTILE={t}"] for t in tiles])
+fn = lambda name: jax.jit(calling("MATMUL_TARGET", name, cpu_kernels.rows_matmul))
 rng = np.random.default_rng(0)
 for k, n in [(576, 1536), (1536, 576), (576, 960), (576, 49152)]:
     ws = [jnp.asarray(rng.standard_normal((n, k), np.float32)) for _ in range(1 if n > 10000 else 8)]

@@ -30,16 +30,17 @@ namespace {
 // AVX-512 (32 registers): one row 1 x 8; 2-8 rows one block of 8 x 3 tiles, so each weight tile
 // is read from memory once (at 8 rows 0.62-0.76 of 4 x 6's time, docs/performance.md section 31b);
 // 13-16 rows (a verify block of 16, two of 8) 6 x 4 tiles (with weights from memory 0.73-0.85 of
-// 4 x 6's time; at 9-12 rows 1.07-1.29, section 31c); more rows 4 x 6 (24 accumulators + 6 weight
-// vectors; against 3 x 8 tiles at 16 rows and batch-32 decode 0.78-0.94, section 30). AVX2 (16 registers of 8 floats, two per output): 1 x 4 and 3 x 2
-// for any other number of rows (section 31).
+// 4 x 6's time; at 9-12 rows 1.07-1.29, section 31c); other rows 4 x 6 (24 accumulators + 6 weight
+// vectors; against 3 x 8 tiles at 16 rows and batch-32 decode 0.78-0.94, section 30).
+// AVX2 (16 registers of 8 floats, two per output): 1 x 4, and 3 x 2 for any other number of rows
+// (section 31).
 #ifndef TILE  // rows, outputs, outputs of a one-row tile (a build flag for tile experiments)
 #define TILE (kAvx512 ? 4 : 3), (kAvx512 ? 6 : 2), (kAvx512 ? 8 : 4)
 #endif
 constexpr int kTile[3] = {TILE};
 constexpr int kRows = kTile[0], kOutputs = kTile[1], kRowOutputs = kTile[2];
 constexpr int kFewRows = 8, kFewOutputs = 3;  // with AVX-512, 2..kFewRows rows: one block of these tiles
-constexpr int kMidRows = 16, kMidTile = 6, kMidOutputs = 4;  // with AVX-512, 13..kMidRows rows: 6 x 4 tiles
+constexpr int kMidFirst = 13, kMidLast = 16, kMidTile = 6, kMidOutputs = 4;  // AVX-512, 13..16 rows
 
 // y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs. `next` (the next tile's weights, or
 // null) is prefetched while this one computes, spread over the tile's `blocks` row blocks: this
@@ -148,7 +149,7 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     run<1, kRowOutputs>(pool, problem);
   else if (kAvx512 && problem.rows <= kFewRows)
     run<kFewRows, kFewOutputs>(pool, problem);
-  else if (kAvx512 && problem.rows > 12 && problem.rows <= kMidRows)
+  else if (kAvx512 && problem.rows >= kMidFirst && problem.rows <= kMidLast)
     run<kMidTile, kMidOutputs>(pool, problem);
   else
     run<kRows, kOutputs>(pool, problem);
