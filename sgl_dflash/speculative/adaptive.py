@@ -30,6 +30,9 @@ plain when the plain step's cost was last measured `refresh_every` steps ago. Ev
 predicted (`explore_discount`), so a choice that may be better gets measured; a program never
 compiled also carries a share of its compile time. At a load where drafts may not pay even for a
 typical request (`drafts_may_pay`), a joining request gets no drafter context (NONE's steps).
+And the predictions are checked against what drafted steps realize (`realized.RealizedGuard`):
+where a batch bucket's recent drafted steps yielded fewer tokens per second than plain steps
+would have, drafting there pauses (no plan drafts, no joining request gets context).
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -46,6 +49,7 @@ import numpy as np
 
 from jax_backend.batch import bucket
 from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, shape_of, step_shape
+from sgl_dflash.speculative.realized import RealizedGuard
 
 GREEDY, SAMPLED = 0, 1
 
@@ -187,7 +191,7 @@ class AdaptivePolicy:
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
-                 admit_ratio: float = 1.0, admit_evidence: int = 64):
+                 admit_ratio: float = 1.0, admit_evidence: int = 64, guard: RealizedGuard | None = None):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
@@ -214,6 +218,7 @@ class AdaptivePolicy:
         self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence  # `drafts_may_pay`
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
+        self.guard = guard or RealizedGuard()  # `realized`: what drafted steps yielded, per batch bucket
         # False near the process's limit of compiled programs (jax_backend.compiled_memory; the
         # worker sets it): no drafted program is compiled then. Plain steps still compile.
         self.may_compile = True
@@ -247,6 +252,8 @@ class AdaptivePolicy:
         requests (free). `draftable` [n]: the requests with drafter context (default all)."""
         self.steps += 1
         n = len(slots)
+        if self.guard.paused(n, self.steps):  # drafted steps realized less than plain ones here
+            return DraftPlan(np.zeros(n, bool), 0)
         draftable = np.ones(n, bool) if draftable is None else np.asarray(draftable, bool)
         states = [self._state(s) for s in slots]
         gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1) * draftable[:, None]
@@ -292,7 +299,10 @@ class AdaptivePolicy:
         """Whether a batch of n requests of the typical acceptance (the greedy position means) has
         a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
         first drafts were verified). Where not, the worker gives a joining request no drafter
-        context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th."""
+        context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Nor
+        where drafting at n requests is paused (its drafted steps realized less than plain ones)."""
+        if self.guard.paused(n, self.steps):
+            return False
         if self.calibrator.position_trials[GREEDY, 0] < self.admit_evidence:
             return True
         gains = np.tile(np.cumprod(self.calibrator.position_means(GREEDY)), (n, 1))
@@ -331,6 +341,10 @@ class AdaptivePolicy:
         bias = np.array([s.bias for s in states])[:, None]
         return _sigmoid(_logit(base) + bias)
 
+    def plain_seconds(self, n: int) -> float:
+        """Predicted seconds of a plain step of n requests (measured: no exploration, no compile)."""
+        return self.cost.overhead + self.cost.verify(step_shape(np.ones(n, np.int64)))
+
     def step_cost(self, q_lens: np.ndarray) -> float:
         return self.shape_cost(step_shape(q_lens))
 
@@ -364,6 +378,11 @@ class AdaptivePolicy:
         return self.cost.compile_s / max(self.compile_horizon, self.cost.steps_here())
 
     # -- learning -------------------------------------------------------------------------
+    def realized(self, n: int, tokens: int, seconds: float, plain_seconds: float) -> None:
+        """A drafted step of n requests yielded `tokens` in `seconds` (all of its work, the
+        drafter's left behind included); a plain step would have taken `plain_seconds`."""
+        self.guard.record(n, tokens, seconds, plain_seconds, self.steps)
+
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,
                 verified: np.ndarray, accepted: np.ndarray, block: int | None = None) -> None:
         """After the verify step: outcomes update the calibration, the request offsets and

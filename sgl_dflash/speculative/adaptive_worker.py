@@ -68,6 +68,9 @@ class AdaptiveDFlashWorker(DFlashWorker):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
         self.admitted = 0  # requests prefilled
+        # The last drafted step's (n, tokens, seconds, a plain step's predicted seconds), handed to
+        # the policy's guard once the drafter's work it left behind is waited for.
+        self._drafted_step: tuple[int, int, float, float] | None = None
         # The layer-loop tuner (jax_backend.layout_tuner) times both layouts of the verify shapes of
         # up to TUNED_VERIFY_SEQS sequences; larger ones keep the scan. Plain steps are NONE's
         # decode steps, tuned as NONE's are.
@@ -89,6 +92,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         """The target's prefill; a request gets drafter context (the drafter's ingest runs on
         behind the host) where drafts may pay at the load it joins (`drafts_may_pay`), and every
         `MEASURED_EVERY`-th request anyway. One without it is served as NONE serves it."""
+        self._realize(0.0)  # the next wait is the prompts' ingest, not the last step's
         result, out = self.target_worker.forward_extend(batch)
         result.num_draft_tokens = self.block_size - 1
         may_pay = self.policy.drafts_may_pay(len(self.policy.requests) + len(batch.slots))
@@ -109,7 +113,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
         info = batch.sampling_info
         modes = (info.temperatures > 0).astype(np.int64)
         compiled = self._compilations()
-        self._wait_for_drafter()  # what is left of the drafter's work that ran behind the scheduler
+        # What is left of the drafter's work that ran behind the scheduler: the last drafted step's.
+        self._realize(self._wait_for_drafter())
         t0 = time.perf_counter()
         draftable = np.array([slot in self.drafting for slot in slots])
         if not draftable.any():  # no request has drafter context: NONE's step
@@ -122,6 +127,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(context))
         plan = self.policy.plan_drafts(slots, draftable)
         drafted, block = plan.drafted, plan.block
+        plain_seconds = self.policy.plain_seconds(n)  # what the guard sets a drafted step against
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
         confidence = np.zeros((n, B - 1), np.float32) if self.has_confidence else None
@@ -182,6 +188,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
         if self._compilations() == compiled:
             self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
                                      draft_block=block)
+            if len(rows):
+                self._drafted_step = (n, int(accepted.sum()) + n, t4 - t0, plain_seconds)
         else:  # a step that compiled measures the compiler
             self.policy.cost.compiled(shape, len(rows), block, t4 - t0)
             self._check_program_room()
@@ -225,13 +233,23 @@ class AdaptiveDFlashWorker(DFlashWorker):
             device_features=True, wait=False)
         return np.zeros(n, np.int32), out.tokens, self.plain_block(out.device_features)
 
-    def _wait_for_drafter(self) -> None:
+    def _realize(self, waited: float) -> None:
+        """Hands the last drafted step to the policy's guard, with the `waited` seconds of its
+        drafter work that ran on behind the scheduler."""
+        if self._drafted_step is not None:
+            n, tokens, seconds, plain_seconds = self._drafted_step
+            self.policy.realized(n, tokens, seconds + waited, plain_seconds)
+            self._drafted_step = None
+
+    def _wait_for_drafter(self) -> float:
         """The drafter's work runs asynchronously: its commit and a prompt's ingest overlap the
         scheduler's host work between steps, and what is left is waited for before a decode
         step's clock starts. Left running into the step, it was timed as the step's verify (batch
         32: the first plain steps read 351 ms against ~180 after the prompts' ingest), and the
-        policy took plain steps for dearer than they are."""
+        policy took plain steps for dearer than they are. The seconds waited."""
+        start = time.perf_counter()
         jax.block_until_ready((self.proposer.k_cache, self.proposer.pending))
+        return time.perf_counter() - start
 
     def _check_program_room(self) -> None:
         """Stops the policy from compiling drafted programs near the process's mapping limit

@@ -12,6 +12,7 @@ from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.errors import ServerArgsError
 from sgl_dflash.speculative import adaptive_worker
 from sgl_dflash.speculative.adaptive import DraftPlan
+from sgl_dflash.speculative.realized import RealizedGuard
 from tests.speculative.test_dflash import batch_requests, reference_params, watch_steps
 from tests.speculative.test_dflash_sampling import exact_joint, goodness_of_fit
 
@@ -62,6 +63,9 @@ def flat_costs(engine, monkeypatch):
     policy = engine.scheduler.worker.policy
     monkeypatch.setattr(policy, "shape_cost", lambda shape: 1.0)
     monkeypatch.setattr(policy.cost, "draft", lambda batch, block: 0.0)
+    # What this CPU's drafted steps realize is not an accelerator's either: a guard that never
+    # fills a window, so never pauses (`test_a_paused_load_runs_plain_steps_exactly` pauses it).
+    monkeypatch.setattr(policy, "guard", RealizedGuard(window=1 << 30))
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +225,38 @@ def _counting(fn, counts, name):
         counts[name] += 1
         return fn(*args, **kwargs)
     return counted
+
+
+def test_a_paused_load_runs_plain_steps_exactly(adaptive_engine, none_engine, monkeypatch):
+    """Each measured drafted step reaches the policy's guard once, with what it yielded and took;
+    where the guard pauses a load (here every window of 2 drafted steps "loses": plain steps are
+    made to look free), that load's plans run no drafter and the output stays NONE's."""
+    worker = adaptive_engine.scheduler.worker
+    flat_costs(adaptive_engine, monkeypatch)  # drafts pay: drafted steps happen
+    guard = RealizedGuard(window=2, backoff=8)
+    monkeypatch.setattr(worker.policy, "guard", guard)
+    readings, plans = [], []
+    record, plan_drafts = guard.record, worker.policy.plan_drafts
+
+    def losing_record(n, tokens, seconds, plain_seconds, step):
+        readings.append((n, tokens, seconds, plain_seconds))
+        return record(n, tokens, seconds, 1e-9, step)
+
+    def watched_plan(slots, draftable=None):
+        paused = guard.paused(len(slots), worker.policy.steps + 1)
+        plans.append((paused, plan_drafts(slots, draftable)))
+        return plans[-1][1]
+
+    monkeypatch.setattr(guard, "record", losing_record)
+    monkeypatch.setattr(worker.policy, "plan_drafts", watched_plan)
+    greedy_equals_none(adaptive_engine, none_engine, seed=9, count=6, max_new_tokens=40)
+    assert readings and plans
+    B = worker.block_size
+    assert all(n <= tokens <= n * B and seconds > 0 and plain > 0 for n, tokens, seconds, plain in readings)
+    assert any(entry.losses for entry in guard.buckets.values())
+    during = [plan for paused, plan in plans if paused]
+    assert during and not any(plan.block for plan in during)
+    assert any(plan.block for paused, plan in plans if not paused)
 
 
 def test_policy_uses_a_good_drafter_and_reports_it(adaptive_engine, spec_prompts, monkeypatch):

@@ -616,3 +616,62 @@ def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
     assert policy.drafts_may_pay(8) and policy.drafts_may_pay(32)
     policy.admit_ratio = 2.0  # but not twice the plain rate
     assert not policy.drafts_may_pay(8)
+
+
+def _drafting_policy() -> tuple[AdaptivePolicy, list[int]]:
+    """4 requests whose drafts usually pass, with costs measured so that drafting pays (a plain
+    step 0.1 s for 4 tokens; a draft and a verify of one draft each 0.12 s for ~7.6)."""
+    policy = AdaptivePolicy(num_drafts=7, explore_every=0)
+    slots = [0, 1, 2, 3]
+    for slot in slots:
+        policy.add(slot)
+        policy.requests[slot].estimate[:] = 0.9
+    for _ in range(3):
+        policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
+        policy.cost.observe((4, 8, 2), 0.11, 4, 0.01, 0.0, draft_block=2)
+    return policy, slots
+
+
+def test_drafting_pauses_where_drafted_steps_realized_less_than_plain_ones():
+    """The guard sets what drafted steps yielded against what plain steps would have: a window
+    of 16 that lost pauses drafting at that batch bucket (no plan drafts, no joining request gets
+    context) for 64 steps, then drafting is tried again on fresh readings; a second loss in a row
+    pauses for twice as long, a window that gains resets it. Other loads are not paused."""
+    policy, slots = _drafting_policy()
+    assert policy.plan_drafts(slots).block  # predicted to pay
+    assert policy.plain_seconds(4) == pytest.approx(0.1)
+
+    def lose(steps):  # drafted steps that realized 4 tokens in 0.12 s: 0.83x the plain rate
+        for _ in range(steps):
+            assert policy.plan_drafts(slots).block
+            policy.realized(4, 4, 0.12, policy.plain_seconds(4))
+
+    lose(15)
+    assert policy.guard.ratio(4) is None  # a window is 16 readings
+    lose(1)
+    assert policy.guard.ratio(4) is None  # paused: the window is read afresh
+    blocks = [policy.plan_drafts(slots).block for _ in range(64)]
+    assert not any(blocks[:63]) and blocks[63]  # paused for 64 steps, then drafted again
+    assert policy.drafts_may_pay(1)
+    policy.guard.record(4, 4, 0.12, 0.1, policy.steps)
+    assert not policy.guard.paused(4, policy.steps)
+    lose(15)  # the second window in a row that lost: 128 steps
+    paused = [policy.plan_drafts(slots).block for _ in range(128)]
+    assert not any(paused[:127]) and paused[127]
+    for _ in range(16):  # a window that gained (7 tokens in 0.12 s: 1.46x) resets the pause
+        policy.realized(4, 7, 0.12, 0.1)
+    assert policy.guard.ratio(4) == pytest.approx((7 / 0.12) / (4 / 0.1))
+    lose(11)  # the window rolls: 5 gains and 11 losses still beat the plain rate, 4 and 12 do not
+    assert not policy.guard.paused(4, policy.steps)
+    lose(1)
+    assert sum(policy.plan_drafts(slots).block > 0 for _ in range(64)) == 1  # 64 again, not 256
+
+
+def test_a_paused_load_admits_no_drafter_context():
+    policy, slots = _drafting_policy()
+    assert policy.drafts_may_pay(4) and policy.drafts_may_pay(8)
+    for _ in range(16):
+        policy.plan_drafts(slots)
+        policy.realized(4, 4, 0.2, 0.1)
+    assert not policy.drafts_may_pay(4) and not policy.drafts_may_pay(3)  # bucket 4 is paused
+    assert policy.drafts_may_pay(8) and policy.drafts_may_pay(1)

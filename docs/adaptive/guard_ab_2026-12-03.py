@@ -1,0 +1,27 @@
+"""A/B of the realized guard (`speculative/realized.py`) in one process: `bench_batches`' calls
+(fresh engines with the defaults, batches of unseen prompts, engines stepping in turn), with
+NONE, the adaptive engine as shipped (guard on) and a second adaptive engine whose guard never
+pauses (a window that never fills), as the policy ran before the guard.
+
+    python docs/adaptive/guard_ab_2026-12-03.py --out OUT [other bench_batches flags]
+"""
+import sys
+
+from sgl_dflash.entrypoints.engine import Engine
+from sgl_dflash.speculative.realized import RealizedGuard
+from sgl_dflash.tools import bench_batches, bench_engines
+
+
+def make_engines(args) -> dict:
+    engines = bench_engines.make_engines(args)
+    unguarded = Engine(model_path=args.model_path, random_seed=0, speculative_algorithm="DFLASH",
+                       speculative_draft_model_path=args.draft_model_path,
+                       speculative_token_map=args.speculative_token_map,
+                       speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
+    unguarded.scheduler.worker.policy.guard = RealizedGuard(window=1 << 30)
+    engines["unguarded"] = unguarded
+    return engines
+
+
+bench_batches.make_engines = make_engines
+bench_batches.main(sys.argv[1:])

@@ -1,0 +1,71 @@
+"""What the adaptive policy's drafted steps realized against the plain steps they replaced, per
+batch bucket: the policy's check on its own predictions (issue 14: never slower than AR).
+
+The policy drafts where its cost model and calibration predict a gain. At 8 requests on a CPU
+those predictions ran optimistic: a small drafted step was priced too cheaply, and the policy
+drafted 91% of a batch's steps at 0.92x NONE's rate (docs/adaptive.md, 2026-12-02). The guard
+sets every drafted step's realized tokens and seconds (its drafter work included, also the part
+that ran behind the scheduler) against what a plain step would have yielded at that moment: n
+tokens in the plain step's predicted seconds (a plain step is read at least every 32 steps and is
+the cost model's clock). When a batch bucket's last `window` drafted steps yielded fewer tokens
+per second than plain steps would have, drafting at that bucket pauses for `backoff` steps, then
+is tried again on fresh readings; each loss in a row doubles the pause (up to `max_backoff`), a
+window that gains resets it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+
+from jax_backend.batch import bucket
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Bucket:
+    # per drafted step: (tokens it yielded, its seconds, a plain step's tokens and seconds then)
+    steps: collections.deque
+    paused_until: int = 0  # the policy's step count until which drafting waits
+    losses: int = 0  # windows lost in a row
+
+
+class RealizedGuard:
+    def __init__(self, window: int = 16, backoff: int = 64, max_backoff: int = 1024):
+        self.window, self.backoff, self.max_backoff = window, backoff, max_backoff
+        self.buckets: dict[int, _Bucket] = {}
+
+    def paused(self, n: int, step: int) -> bool:
+        """Whether drafting at n requests waits at the policy's step `step`."""
+        entry = self.buckets.get(bucket(n))
+        return entry is not None and step < entry.paused_until
+
+    def ratio(self, n: int) -> float | None:
+        """Tokens per second of the last drafted steps at n requests over what plain steps would
+        have yielded then (None: fewer than `window` readings since the last pause)."""
+        entry = self.buckets.get(bucket(n))
+        if entry is None or len(entry.steps) < self.window:
+            return None
+        tokens, seconds, plain_tokens, plain_seconds = (sum(column) for column in zip(*entry.steps))
+        return (tokens / seconds) / (plain_tokens / plain_seconds)
+
+    def record(self, n: int, tokens: int, seconds: float, plain_seconds: float, step: int) -> bool:
+        """A drafted step of n requests yielded `tokens` in `seconds` at the policy's step `step`;
+        a plain step would have taken `plain_seconds` (for n tokens). True when this reading
+        pauses drafting at n requests."""
+        entry = self.buckets.setdefault(bucket(n), _Bucket(collections.deque(maxlen=self.window)))
+        entry.steps.append((tokens, seconds, n, plain_seconds))
+        ratio = self.ratio(n)
+        if ratio is None:
+            return False
+        if ratio >= 1.0:
+            entry.losses = 0
+            return False
+        pause = min(self.backoff << entry.losses, self.max_backoff)
+        entry.paused_until, entry.losses = step + pause, entry.losses + 1
+        entry.steps.clear()  # the next window is read afresh
+        logger.info("adaptive: drafted steps at %d requests realized %.2fx the plain rate over %d steps; "
+                    "plain steps for the next %d", bucket(n), ratio, self.window, pause)
+        return True
