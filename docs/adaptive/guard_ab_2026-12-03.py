@@ -1,7 +1,7 @@
 """A/B of the realized guard (`speculative/realized.py`) in one process: `bench_batches`' calls
 (fresh engines with the defaults, batches of unseen prompts, engines stepping in turn), with
 NONE, the adaptive engine as shipped (guard on) and a second adaptive engine whose guard never
-pauses (a window that never fills), as the policy ran before the guard.
+fills a window (never pauses, admission by the prediction alone), as the policy ran before it.
 
     python docs/adaptive/guard_ab_2026-12-03.py --out OUT [other bench_batches flags]
 """
@@ -18,7 +18,7 @@ def make_engines(args) -> dict:
                        speculative_draft_model_path=args.draft_model_path,
                        speculative_token_map=args.speculative_token_map,
                        speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
-    unguarded.scheduler.worker.policy.guard = RealizedGuard(window=1 << 30)
+    unguarded.scheduler.worker.policy.guard = RealizedGuard(window=1 << 30, min_gain_steps=1 << 30)
     engines["unguarded"] = unguarded
     return engines
 

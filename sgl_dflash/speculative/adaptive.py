@@ -32,7 +32,8 @@ compiled also carries a share of its compile time. At a load where drafts may no
 typical request (`drafts_may_pay`), a joining request gets no drafter context (NONE's steps).
 And the predictions are checked against what drafted steps realize (`realized.RealizedGuard`):
 where a batch bucket's recent drafted steps yielded fewer tokens per second than plain steps
-would have, drafting there pauses (no plan drafts, no joining request gets context).
+would have, drafting there pauses (no plan drafts, no joining request gets context); and where
+their realized gain per step is below what context costs, joining requests get none.
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -191,7 +192,8 @@ class AdaptivePolicy:
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
-                 admit_ratio: float = 1.0, admit_evidence: int = 64, guard: RealizedGuard | None = None):
+                 admit_ratio: float = 1.0, admit_evidence: int = 64, guard: RealizedGuard | None = None,
+                 context_cost: float = 0.03):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
         self.probe_every = probe_every
@@ -216,6 +218,9 @@ class AdaptivePolicy:
         # A probe is drafted only if expected to lose at most `probe_slack` of the plain rate.
         self.probe_slack = probe_slack
         self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence  # `drafts_may_pay`
+        # What drafter context costs a step, as a fraction of its tokens: adaptive with no
+        # drafting ran at 0.95-0.98x NONE (docs/adaptive.md, 2026-11-27 night).
+        self.context_cost = context_cost
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
         self.guard = guard or RealizedGuard()  # `realized`: what drafted steps yielded, per batch bucket
@@ -299,10 +304,15 @@ class AdaptivePolicy:
         """Whether a batch of n requests of the typical acceptance (the greedy position means) has
         a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
         first drafts were verified). Where not, the worker gives a joining request no drafter
-        context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Nor
-        where drafting at n requests is paused (its drafted steps realized less than plain ones)."""
+        context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where
+        steps with context ran at this load, what they realized decides instead: not while drafting
+        is paused there, nor where their gain per step (`RealizedGuard.context_gain`) is below
+        `context_cost`."""
         if self.guard.paused(n, self.steps):
             return False
+        realized = self.guard.context_gain(n)
+        if realized is not None:
+            return realized >= self.context_cost
         if self.calibrator.position_trials[GREEDY, 0] < self.admit_evidence:
             return True
         gains = np.tile(np.cumprod(self.calibrator.position_means(GREEDY)), (n, 1))
@@ -382,6 +392,10 @@ class AdaptivePolicy:
         """A drafted step of n requests yielded `tokens` in `seconds` (all of its work, the
         drafter's left behind included); a plain step would have taken `plain_seconds`."""
         self.guard.record(n, tokens, seconds, plain_seconds, self.steps)
+
+    def realized_plain(self, n: int) -> None:
+        """A plain step of n requests with drafter context (it gained nothing over NONE's)."""
+        self.guard.record_plain(n)
 
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,
                 verified: np.ndarray, accepted: np.ndarray, block: int | None = None) -> None:

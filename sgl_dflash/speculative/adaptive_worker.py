@@ -190,6 +190,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
                                      draft_block=block)
             if len(rows):
                 self._drafted_step = (n, int(accepted.sum()) + n, t4 - t0, plain_seconds)
+            else:
+                self.policy.realized_plain(n)
         else:  # a step that compiled measures the compiler
             self.policy.cost.compiled(shape, len(rows), block, t4 - t0)
             self._check_program_room()
@@ -205,6 +207,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         """A step of requests without drafter context: NONE's decode step, timed as the plain
         step it is (the cost model keeps its plain reading fresh)."""
         n, cost = len(batch.slots), self.policy.cost
+        self.policy.steps += 1  # a pause of drafting at this load counts these steps too
         cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len([]))
         result = self.target_worker.forward_decode(batch)
         self.runner.step_read()

@@ -24,7 +24,15 @@ def adaptive_engine(engine_kwargs, trained_draft_dir):
     # Every request gets drafter context: these tests exercise drafting whatever this machine's
     # costs say (`test_requests_join_without_drafter_context_where_drafts_do_not_pay` tests the rule).
     engine.scheduler.worker.policy.admit_ratio = 0.0
+    engine.scheduler.worker.policy.guard = never_guarded()
     return engine
+
+
+def never_guarded() -> RealizedGuard:
+    """A guard whose windows never fill: drafting never pauses, admission goes by the prediction
+    (what this CPU's steps realize would decide otherwise; `test_a_paused_load_runs_plain_steps_exactly`
+    and test_adaptive_policy.py test the guard)."""
+    return RealizedGuard(window=1 << 30, min_gain_steps=1 << 30)
 
 
 def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
@@ -36,6 +44,7 @@ def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
     rng = np.random.default_rng(seed)
     policy = engine.scheduler.worker.policy
     monkeypatch.setattr(policy, "admit_ratio", 0.0)  # every request gets drafter context
+    monkeypatch.setattr(policy, "guard", never_guarded())
     chosen, blocks = [], []
 
     def plan(slots, draftable):
@@ -63,9 +72,7 @@ def flat_costs(engine, monkeypatch):
     policy = engine.scheduler.worker.policy
     monkeypatch.setattr(policy, "shape_cost", lambda shape: 1.0)
     monkeypatch.setattr(policy.cost, "draft", lambda batch, block: 0.0)
-    # What this CPU's drafted steps realize is not an accelerator's either: a guard that never
-    # fills a window, so never pauses (`test_a_paused_load_runs_plain_steps_exactly` pauses it).
-    monkeypatch.setattr(policy, "guard", RealizedGuard(window=1 << 30))
+    monkeypatch.setattr(policy, "guard", never_guarded())  # nor what this CPU's steps realize
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +261,8 @@ def test_a_paused_load_runs_plain_steps_exactly(adaptive_engine, none_engine, mo
     B = worker.block_size
     assert all(n <= tokens <= n * B and seconds > 0 and plain > 0 for n, tokens, seconds, plain in readings)
     assert any(entry.losses for entry in guard.buckets.values())
+    # plain steps with context are read too (they gained nothing): admission weighs both kinds
+    assert sum(len(entry.gains) for entry in guard.buckets.values()) > len(readings)
     during = [plan for paused, plan in plans if paused]
     assert during and not any(plan.block for plan in during)
     assert any(plan.block for paused, plan in plans if not paused)
