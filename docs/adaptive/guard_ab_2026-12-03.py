@@ -18,7 +18,7 @@ def make_engines(args) -> dict:
                        speculative_draft_model_path=args.draft_model_path,
                        speculative_token_map=args.speculative_token_map,
                        speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
-    unguarded.scheduler.worker.policy.guard = RealizedGuard(window=1 << 30, min_gain_steps=1 << 30)
+    unguarded.scheduler.worker.policy.guard = RealizedGuard(window=1 << 30, min_gain_rows=1 << 30)
     engines["unguarded"] = unguarded
     return engines
 

@@ -305,7 +305,7 @@ class AdaptivePolicy:
         a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
         first drafts were verified). Where not, the worker gives a joining request no drafter
         context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where
-        steps with context ran at this load, what they realized decides instead: not while drafting
+        enough steps with context ran at this load (256 request-steps), what they realized decides instead: not while drafting
         is paused there, nor where their gain per step (`RealizedGuard.context_gain`) is below
         `context_cost`."""
         if self.guard.paused(n, self.steps):

@@ -15,9 +15,12 @@ window that gains resets it.
 The same readings decide whether a joining request gets drafter context at a load
 (`AdaptivePolicy.drafts_may_pay`). Context costs on every step, drafted or not (the drafter's
 ingest and commits, the policy's work: adaptive with no drafting ran 0.95-0.98x NONE), and pays
-only on the steps that draft: `context_gain` is the mean, over a bucket's last `gain_steps` steps
-with context, of the tokens a step realized beyond what a plain step would have yielded in its
-seconds, per request (0 for a plain step). At 8 requests the policy drafted 6% of the steps, each
+only on the steps that draft: `context_gain` is the mean, over a bucket's last `gain_rows`
+request-steps with context (a step of n requests is n of them), of the tokens a step realized
+beyond what a plain step would have yielded in its seconds, per request (0 for a plain step).
+Counted in request-steps, the evidence spans several requests at any load (512 are four 128-token
+answers at one request, 64 steps at eight): at one request what a draft is worth is the prompt's
+(1.4x on a math prompt, 0.97x on a chat one), and one chat answer must not refuse the next prompt. At 8 requests the policy drafted 6% of the steps, each
 worth a few percent: its gain per step was far below what the context cost (0.92-0.94x NONE).
 """
 
@@ -36,22 +39,23 @@ logger = logging.getLogger(__name__)
 class _Bucket:
     # per drafted step: (tokens it yielded, its seconds, a plain step's tokens and seconds then)
     steps: collections.deque
-    gains: collections.deque  # per step with context: tokens beyond a plain step's, per request
+    gains: collections.deque  # per step with context: (n, tokens beyond a plain step's per request)
+    rows: int = 0  # request-steps in `gains`
     paused_until: int = 0  # the policy's step count until which drafting waits
     losses: int = 0  # windows lost in a row
 
 
 class RealizedGuard:
-    def __init__(self, window: int = 16, backoff: int = 64, max_backoff: int = 1024, gain_steps: int = 64,
-                 min_gain_steps: int = 32):
+    def __init__(self, window: int = 16, backoff: int = 64, max_backoff: int = 1024, gain_rows: int = 512,
+                 min_gain_rows: int = 256):
         self.window, self.backoff, self.max_backoff = window, backoff, max_backoff
-        self.gain_steps, self.min_gain_steps = gain_steps, min_gain_steps
+        self.gain_rows, self.min_gain_rows = gain_rows, min_gain_rows
         self.buckets: dict[int, _Bucket] = {}
 
     def _bucket(self, n: int) -> _Bucket:
         key = bucket(n)
         if key not in self.buckets:
-            self.buckets[key] = _Bucket(collections.deque(maxlen=self.window), collections.deque(maxlen=self.gain_steps))
+            self.buckets[key] = _Bucket(collections.deque(maxlen=self.window), collections.deque())
         return self.buckets[key]
 
     def paused(self, n: int, step: int) -> bool:
@@ -69,16 +73,23 @@ class RealizedGuard:
         return (tokens / seconds) / (plain_tokens / plain_seconds)
 
     def context_gain(self, n: int) -> float | None:
-        """Mean realized gain per step with drafter context at n requests, as a fraction of a
-        plain step's tokens (None: fewer than `min_gain_steps` steps read there)."""
+        """Mean realized gain per request-step with drafter context at n requests, as a fraction
+        of a plain step's tokens (None: fewer than `min_gain_rows` request-steps read there)."""
         entry = self.buckets.get(bucket(n))
-        if entry is None or len(entry.gains) < self.min_gain_steps:
+        if entry is None or entry.rows < self.min_gain_rows:
             return None
-        return sum(entry.gains) / len(entry.gains)
+        return sum(rows * gain for rows, gain in entry.gains) / entry.rows
 
     def record_plain(self, n: int) -> None:
         """A plain step of n requests with drafter context: it gained nothing."""
-        self._bucket(n).gains.append(0.0)
+        self._gain(n, 0.0)
+
+    def _gain(self, n: int, gain: float) -> None:
+        entry = self._bucket(n)
+        entry.gains.append((n, gain))
+        entry.rows += n
+        while entry.rows - entry.gains[0][0] >= self.gain_rows:
+            entry.rows -= entry.gains.popleft()[0]
 
     def record(self, n: int, tokens: int, seconds: float, plain_seconds: float, step: int) -> bool:
         """A drafted step of n requests yielded `tokens` in `seconds` at the policy's step `step`;
@@ -86,7 +97,7 @@ class RealizedGuard:
         pauses drafting at n requests."""
         entry = self._bucket(n)
         entry.steps.append((tokens, seconds, n, plain_seconds))
-        entry.gains.append((tokens * plain_seconds / seconds - n) / n)
+        self._gain(n, (tokens * plain_seconds / seconds - n) / n)
         ratio = self.ratio(n)
         if ratio is None:
             return False

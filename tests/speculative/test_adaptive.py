@@ -32,7 +32,7 @@ def never_guarded() -> RealizedGuard:
     """A guard whose windows never fill: drafting never pauses, admission goes by the prediction
     (what this CPU's steps realize would decide otherwise; `test_a_paused_load_runs_plain_steps_exactly`
     and test_adaptive_policy.py test the guard)."""
-    return RealizedGuard(window=1 << 30, min_gain_steps=1 << 30)
+    return RealizedGuard(window=1 << 30, min_gain_rows=1 << 30)
 
 
 def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):

@@ -678,19 +678,23 @@ def test_a_paused_load_admits_no_drafter_context():
 
 
 def test_joining_requests_get_drafter_context_where_its_realized_gain_pays_for_it():
-    """Where 32 or more steps with drafter context ran at a load, what they realized decides
-    admission there: their mean gain per step (a drafted step's tokens beyond what a plain step
-    yields in its seconds, per request; 0 for a plain step) against what context costs (3%)."""
+    """Where 256 or more request-steps with drafter context ran at a load (of the last 512; a step
+    of 4 requests is 4), what they realized decides admission there: their mean gain per
+    request-step (a drafted step's tokens beyond what a plain step yields in its seconds; 0 for a
+    plain step) against what context costs (3%)."""
     policy, _ = _drafting_policy()
-    for _ in range(31):
+    for _ in range(63):
         policy.realized_plain(4)
     assert policy.guard.context_gain(4) is None and policy.drafts_may_pay(4)  # the prediction decides
     policy.realized(4, 6, 0.1, 0.1)  # 6 tokens where a plain step yields 4: +0.5 per request
-    assert policy.guard.context_gain(4) == pytest.approx(0.5 / 32)
-    assert not policy.drafts_may_pay(4) and not policy.drafts_may_pay(3)  # 1.6% a step: less than it costs
-    policy.realized(4, 6, 0.1, 0.1)
-    policy.realized(4, 6, 0.1, 0.1)
-    assert policy.guard.context_gain(4) == pytest.approx(1.5 / 34) and policy.drafts_may_pay(4)
+    assert policy.guard.context_gain(4) == pytest.approx(4 * 0.5 / 256)
+    assert not policy.drafts_may_pay(4) and not policy.drafts_may_pay(3)  # 0.8% a step: less than it costs
+    for _ in range(15):
+        policy.realized(4, 6, 0.1, 0.1)
+    assert policy.guard.context_gain(4) == pytest.approx(16 * 4 * 0.5 / 316) and policy.drafts_may_pay(4)
     policy.realized(4, 4, 0.2, 0.1)  # a drafted step that took twice a plain step's time: -0.5
-    assert policy.guard.context_gain(4) == pytest.approx(1.0 / 35)
+    assert policy.guard.context_gain(4) == pytest.approx((32 - 4 * 0.5) / 320)
+    for _ in range(128):  # the evidence rolls: the last 512 request-steps, plain ones only now
+        policy.realized_plain(4)
+    assert policy.guard.buckets[4].rows == 512 and policy.guard.context_gain(4) == 0.0
     assert not policy.drafts_may_pay(4) and policy.drafts_may_pay(8)  # 8 requests: never read there
