@@ -30,10 +30,9 @@ plain when the plain step's cost was last measured `refresh_every` steps ago. Ev
 predicted (`explore_discount`), so a choice that may be better gets measured; a program never
 compiled also carries a share of its compile time. At a load where drafts may not pay even for a
 typical request (`drafts_may_pay`), a joining request gets no drafter context (NONE's steps).
-And the predictions are checked against what drafted steps realize (`realized.RealizedGuard`):
-where a batch bucket's recent drafted steps yielded fewer tokens per second than plain steps
-would have, drafting there pauses (no plan drafts, no joining request gets context); and where
-their realized gain per step is below what context costs, joining requests get none.
+Where steps with drafter context already ran at a load, what they realized decides instead
+(`realized.RealizedGains`): below what context costs, joining requests get none and the running
+ones lose theirs.
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -50,7 +49,7 @@ import numpy as np
 
 from jax_backend.batch import bucket
 from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, shape_of, step_shape
-from sgl_dflash.speculative.realized import RealizedGuard
+from sgl_dflash.speculative.realized import RealizedGains
 
 GREEDY, SAMPLED = 0, 1
 
@@ -192,7 +191,7 @@ class AdaptivePolicy:
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
-                 admit_ratio: float = 1.0, admit_evidence: int = 64, guard: RealizedGuard | None = None,
+                 admit_ratio: float = 1.0, admit_evidence: int = 64, realized: RealizedGains | None = None,
                  context_cost: float = 0.03):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
@@ -223,7 +222,7 @@ class AdaptivePolicy:
         self.context_cost = context_cost
         self.calibrator = Calibrator(num_drafts)
         self.cost = cost_model or CostModel()
-        self.guard = guard or RealizedGuard()  # `realized`: what drafted steps yielded, per batch bucket
+        self.realized = realized or RealizedGains()  # what steps with context gained, per load
         # False near the process's limit of compiled programs (jax_backend.compiled_memory; the
         # worker sets it): no drafted program is compiled then. Plain steps still compile.
         self.may_compile = True
@@ -257,8 +256,6 @@ class AdaptivePolicy:
         requests (free). `draftable` [n]: the requests with drafter context (default all)."""
         self.steps += 1
         n = len(slots)
-        if self.guard.paused(n, self.steps):  # drafted steps realized less than plain ones here
-            return DraftPlan(np.zeros(n, bool), 0)
         draftable = np.ones(n, bool) if draftable is None else np.asarray(draftable, bool)
         states = [self._state(s) for s in slots]
         gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1) * draftable[:, None]
@@ -305,14 +302,10 @@ class AdaptivePolicy:
         a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
         first drafts were verified). Where not, the worker gives a joining request no drafter
         context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where
-        enough steps with context ran at this load (256 request-steps), what they realized decides instead: not while drafting
-        is paused there, nor where their gain per step (`RealizedGuard.context_gain`) is below
-        `context_cost`."""
-        if self.guard.paused(n, self.steps):
-            return False
-        realized = self.guard.context_gain(n)
-        if realized is not None:
-            return realized >= self.context_cost
+        enough steps with context ran at this load (256 request-steps), what they realized decides
+        instead (`context_lost`)."""
+        if self.realized.context_gain(n) is not None:
+            return not self.context_lost(n)
         if self.calibrator.position_trials[GREEDY, 0] < self.admit_evidence:
             return True
         gains = np.tile(np.cumprod(self.calibrator.position_means(GREEDY)), (n, 1))
@@ -322,6 +315,13 @@ class AdaptivePolicy:
             for a in (a for a in candidates if a.cap < 2 * b):
                 best = max(best, (n + a.gain) / (draft_cost + self.shape_cost(a.shape)))
         return best >= self.admit_ratio * n / self.step_cost(np.ones(n, np.int64))
+
+    def context_lost(self, n: int) -> bool:
+        """Whether steps with drafter context at n requests realized less than context costs
+        (`RealizedGains.context_gain`, once read often enough there): the worker then serves the
+        running requests without it (NONE's steps)."""
+        realized = self.realized.context_gain(n)
+        return realized is not None and realized < self.context_cost
 
     def _plain_cost_is_stale(self, n: int) -> bool:
         """The plain step of n requests is compiled and its cost not measured in `refresh_every`
@@ -388,15 +388,6 @@ class AdaptivePolicy:
         return self.cost.compile_s / max(self.compile_horizon, self.cost.steps_here())
 
     # -- learning -------------------------------------------------------------------------
-    def realized(self, n: int, tokens: int, seconds: float, plain_seconds: float) -> None:
-        """A drafted step of n requests yielded `tokens` in `seconds` (all of its work, the
-        drafter's left behind included); a plain step would have taken `plain_seconds`."""
-        self.guard.record(n, tokens, seconds, plain_seconds, self.steps)
-
-    def realized_plain(self, n: int) -> None:
-        """A plain step of n requests with drafter context (it gained nothing over NONE's)."""
-        self.guard.record_plain(n)
-
     def observe(self, slots: Sequence[int], modes: np.ndarray, drafted: np.ndarray, confidence: np.ndarray | None,
                 verified: np.ndarray, accepted: np.ndarray, block: int | None = None) -> None:
         """After the verify step: outcomes update the calibration, the request offsets and

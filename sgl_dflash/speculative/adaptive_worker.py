@@ -14,7 +14,8 @@ how many drafts go to the target (`speculative/adaptive.py` decides; docs/adapti
                outcome and the measured step times.
 A request that joined where drafts do not pay (`AdaptivePolicy.drafts_may_pay`) has no drafter
 context: it is never drafted, its rows are not committed, and a batch of only such requests runs
-NONE's step. Greedy output stays the target's own; sampling stays lossless (k_i reads q, never
+NONE's step. Where what steps with context realized at a load falls below what context costs
+(`AdaptivePolicy.context_lost`), the running requests lose theirs too. Greedy output stays the target's own; sampling stays lossless (k_i reads q, never
 the draws).
 """
 
@@ -68,8 +69,9 @@ class AdaptiveDFlashWorker(DFlashWorker):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1)
         self.admitted = 0  # requests prefilled
+        self.measuring: set[int] = set()  # slots given context only to keep measuring (`MEASURED_EVERY`)
         # The last drafted step's (n, tokens, seconds, a plain step's predicted seconds), handed to
-        # the policy's guard once the drafter's work it left behind is waited for.
+        # the policy's `realized` gains once the drafter's work it left behind is waited for.
         self._drafted_step: tuple[int, int, float, float] | None = None
         # The layer-loop tuner (jax_backend.layout_tuner) times both layouts of the verify shapes of
         # up to TUNED_VERIFY_SEQS sequences; larger ones keep the scan. Plain steps are NONE's
@@ -100,12 +102,15 @@ class AdaptiveDFlashWorker(DFlashWorker):
             self.admitted += 1
             if may_pay or self.admitted % MEASURED_EVERY == 0:
                 self.add_context(slot, features)
+                if not may_pay:
+                    self.measuring.add(slot)
             self.policy.add(slot, SAMPLED if temperature > 0 else GREEDY)
         return result
 
     def release(self, slot: int) -> None:
         super().release(slot)
         self.policy.release(slot)
+        self.measuring.discard(slot)
 
     def forward_decode(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         B, n, slots = self.block_size, len(batch.slots), batch.slots
@@ -117,6 +122,13 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self._realize(self._wait_for_drafter())
         t0 = time.perf_counter()
         draftable = np.array([slot in self.drafting for slot in slots])
+        if draftable.any() and self.policy.context_lost(n):
+            # What steps with drafter context realized at this load is below what context costs:
+            # these requests go on as NONE serves them, but those kept to measure it.
+            for slot in slots:
+                if slot not in self.measuring:
+                    self._release_drafter(slot)
+            draftable = np.array([slot in self.drafting for slot in slots])
         if not draftable.any():  # no request has drafter context: NONE's step
             return self._none_step(batch, compiled, t0)
 
@@ -127,7 +139,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(context))
         plan = self.policy.plan_drafts(slots, draftable)
         drafted, block = plan.drafted, plan.block
-        plain_seconds = self.policy.plain_seconds(n)  # what the guard sets a drafted step against
+        plain_seconds = self.policy.plain_seconds(n)  # what a drafted step's gain is read against
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
         confidence = np.zeros((n, B - 1), np.float32) if self.has_confidence else None
@@ -191,7 +203,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
             if len(rows):
                 self._drafted_step = (n, int(accepted.sum()) + n, t4 - t0, plain_seconds)
             else:
-                self.policy.realized_plain(n)
+                self.policy.realized.plain(n)
         else:  # a step that compiled measures the compiler
             self.policy.cost.compiled(shape, len(rows), block, t4 - t0)
             self._check_program_room()
@@ -207,7 +219,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         """A step of requests without drafter context: NONE's decode step, timed as the plain
         step it is (the cost model keeps its plain reading fresh)."""
         n, cost = len(batch.slots), self.policy.cost
-        self.policy.steps += 1  # a pause of drafting at this load counts these steps too
+        self.policy.realized.without_context(n)  # (evidence that context does not pay here expires)
         cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len([]))
         result = self.target_worker.forward_decode(batch)
         self.runner.step_read()
@@ -237,11 +249,11 @@ class AdaptiveDFlashWorker(DFlashWorker):
         return np.zeros(n, np.int32), out.tokens, self.plain_block(out.device_features)
 
     def _realize(self, waited: float) -> None:
-        """Hands the last drafted step to the policy's guard, with the `waited` seconds of its
-        drafter work that ran on behind the scheduler."""
+        """Hands the last drafted step to the policy's `realized` gains, with the `waited` seconds
+        of its drafter work that ran on behind the scheduler."""
         if self._drafted_step is not None:
             n, tokens, seconds, plain_seconds = self._drafted_step
-            self.policy.realized(n, tokens, seconds + waited, plain_seconds)
+            self.policy.realized.drafted(n, tokens, seconds + waited, plain_seconds)
             self._drafted_step = None
 
     def _wait_for_drafter(self) -> float:

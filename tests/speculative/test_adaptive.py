@@ -12,7 +12,7 @@ from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.errors import ServerArgsError
 from sgl_dflash.speculative import adaptive_worker
 from sgl_dflash.speculative.adaptive import DraftPlan
-from sgl_dflash.speculative.realized import RealizedGuard
+from sgl_dflash.speculative.realized import RealizedGains
 from tests.speculative.test_dflash import batch_requests, reference_params, watch_steps
 from tests.speculative.test_dflash_sampling import exact_joint, goodness_of_fit
 
@@ -24,15 +24,15 @@ def adaptive_engine(engine_kwargs, trained_draft_dir):
     # Every request gets drafter context: these tests exercise drafting whatever this machine's
     # costs say (`test_requests_join_without_drafter_context_where_drafts_do_not_pay` tests the rule).
     engine.scheduler.worker.policy.admit_ratio = 0.0
-    engine.scheduler.worker.policy.guard = never_guarded()
+    engine.scheduler.worker.policy.realized = never_enough()
     return engine
 
 
-def never_guarded() -> RealizedGuard:
-    """A guard whose windows never fill: drafting never pauses, admission goes by the prediction
-    (what this CPU's steps realize would decide otherwise; `test_a_paused_load_runs_plain_steps_exactly`
-    and test_adaptive_policy.py test the guard)."""
-    return RealizedGuard(window=1 << 30, min_gain_rows=1 << 30)
+def never_enough() -> RealizedGains:
+    """Realized gains never read often enough to decide: admission goes by the prediction and no
+    request loses its context (what this CPU's steps realize would decide otherwise;
+    `test_steps_with_context_are_read_as_realized_gains` and test_adaptive_policy.py test them)."""
+    return RealizedGains(min_gain_rows=1 << 30)
 
 
 def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
@@ -44,7 +44,7 @@ def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
     rng = np.random.default_rng(seed)
     policy = engine.scheduler.worker.policy
     monkeypatch.setattr(policy, "admit_ratio", 0.0)  # every request gets drafter context
-    monkeypatch.setattr(policy, "guard", never_guarded())
+    monkeypatch.setattr(policy, "realized", never_enough())
     chosen, blocks = [], []
 
     def plan(slots, draftable):
@@ -72,7 +72,7 @@ def flat_costs(engine, monkeypatch):
     policy = engine.scheduler.worker.policy
     monkeypatch.setattr(policy, "shape_cost", lambda shape: 1.0)
     monkeypatch.setattr(policy.cost, "draft", lambda batch, block: 0.0)
-    monkeypatch.setattr(policy, "guard", never_guarded())  # nor what this CPU's steps realize
+    monkeypatch.setattr(policy, "realized", never_enough())  # nor what this CPU's steps realize
 
 
 @pytest.fixture(scope="module")
@@ -234,38 +234,44 @@ def _counting(fn, counts, name):
     return counted
 
 
-def test_a_paused_load_runs_plain_steps_exactly(adaptive_engine, none_engine, monkeypatch):
-    """Each measured drafted step reaches the policy's guard once, with what it yielded and took;
-    where the guard pauses a load (here every window of 2 drafted steps "loses": plain steps are
-    made to look free), that load's plans run no drafter and the output stays NONE's."""
+def test_steps_with_context_are_read_as_realized_gains(adaptive_engine, none_engine, monkeypatch):
+    """Each measured drafted step reaches the policy's realized gains once, with what it yielded
+    and took (the drafter's work it left behind included), and each plain step with context as
+    one that gained nothing; the output stays NONE's."""
     worker = adaptive_engine.scheduler.worker
     flat_costs(adaptive_engine, monkeypatch)  # drafts pay: drafted steps happen
-    guard = RealizedGuard(window=2, backoff=8)
-    monkeypatch.setattr(worker.policy, "guard", guard)
-    readings, plans = [], []
-    record, plan_drafts = guard.record, worker.policy.plan_drafts
-
-    def losing_record(n, tokens, seconds, plain_seconds, step):
-        readings.append((n, tokens, seconds, plain_seconds))
-        return record(n, tokens, seconds, 1e-9, step)
-
-    def watched_plan(slots, draftable=None):
-        paused = guard.paused(len(slots), worker.policy.steps + 1)
-        plans.append((paused, plan_drafts(slots, draftable)))
-        return plans[-1][1]
-
-    monkeypatch.setattr(guard, "record", losing_record)
-    monkeypatch.setattr(worker.policy, "plan_drafts", watched_plan)
+    gains = RealizedGains(min_gain_rows=1 << 30)
+    monkeypatch.setattr(worker.policy, "realized", gains)
+    drafted, plain, steps = [], [], {"drafted": 0}
+    monkeypatch.setattr(gains, "drafted", lambda *reading: drafted.append(reading))
+    monkeypatch.setattr(gains, "plain", plain.append)
     greedy_equals_none(adaptive_engine, none_engine, seed=9, count=6, max_new_tokens=40)
-    assert readings and plans
     B = worker.block_size
-    assert all(n <= tokens <= n * B and seconds > 0 and plain > 0 for n, tokens, seconds, plain in readings)
-    assert any(entry.losses for entry in guard.buckets.values())
-    # plain steps with context are read too (they gained nothing): admission weighs both kinds
-    assert sum(len(entry.gains) for entry in guard.buckets.values()) > len(readings)
-    during = [plan for paused, plan in plans if paused]
-    assert during and not any(plan.block for plan in during)
-    assert any(plan.block for paused, plan in plans if not paused)
+    assert drafted and all(n <= tokens <= n * B and seconds > 0 and plain_s > 0 for n, tokens, seconds, plain_s in drafted)
+    assert all(1 <= n <= 6 for n in plain)
+
+
+def test_requests_lose_drafter_context_where_it_realized_less_than_it_costs(adaptive_engine, none_engine, monkeypatch):
+    """Where what steps with context realized at a load is below what context costs
+    (`AdaptivePolicy.context_lost`), the running requests go on without it, as NONE serves them,
+    exactly; one given context only to keep measuring (`MEASURED_EVERY`) keeps it."""
+    worker = adaptive_engine.scheduler.worker
+    monkeypatch.setattr(worker.policy, "context_lost", lambda n: True)
+    flat_costs(adaptive_engine, monkeypatch)  # with context, drafting would pay
+    monkeypatch.setattr(worker.policy, "min_gain", 0.0)
+    released = []
+    monkeypatch.setattr(worker.proposer, "release", _logged(worker.proposer.release, released, "release"))
+    outs = greedy_equals_none(adaptive_engine, none_engine, seed=11, count=6, max_new_tokens=30)
+    assert not any(o["meta_info"]["spec_num_proposed_drafts"] for o in outs)  # all six lost it at once
+    assert len(released) == 6 and not worker.drafting and not worker.proposer._seqs
+
+    released.clear()
+    monkeypatch.setattr(worker.policy, "drafts_may_pay", lambda n: False)
+    monkeypatch.setattr(worker, "admitted", 0)
+    monkeypatch.setattr(adaptive_worker, "MEASURED_EVERY", 4)
+    outs = greedy_equals_none(adaptive_engine, none_engine, seed=12, count=6, max_new_tokens=30)
+    assert sum(o["meta_info"]["spec_num_proposed_drafts"] > 0 for o in outs) == 1  # the 4th, measuring
+    assert len(released) == 1 and not worker.drafting and not worker.measuring and not worker.proposer._seqs
 
 
 def test_policy_uses_a_good_drafter_and_reports_it(adaptive_engine, spec_prompts, monkeypatch):

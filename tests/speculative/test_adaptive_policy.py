@@ -619,8 +619,8 @@ def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
 
 
 def _drafting_policy() -> tuple[AdaptivePolicy, list[int]]:
-    """4 requests whose drafts usually pass, with costs measured so that drafting pays (a plain
-    step 0.1 s for 4 tokens; a draft and a verify of one draft each 0.12 s for ~7.6)."""
+    """4 requests whose drafts usually pass, with costs measured so that drafting is predicted to
+    pay (a plain step 0.1 s for 4 tokens; a draft and a verify of one draft each 0.12 s for ~7.6)."""
     policy = AdaptivePolicy(num_drafts=7, explore_every=0)
     slots = [0, 1, 2, 3]
     for slot in slots:
@@ -632,51 +632,6 @@ def _drafting_policy() -> tuple[AdaptivePolicy, list[int]]:
     return policy, slots
 
 
-def test_drafting_pauses_where_drafted_steps_realized_less_than_plain_ones():
-    """The guard sets what drafted steps yielded against what plain steps would have: a window
-    of 16 that lost pauses drafting at that batch bucket (no plan drafts, no joining request gets
-    context) for 64 steps, then drafting is tried again on fresh readings; a second loss in a row
-    pauses for twice as long, a window that gains resets it. Other loads are not paused."""
-    policy, slots = _drafting_policy()
-    assert policy.plan_drafts(slots).block  # predicted to pay
-    assert policy.plain_seconds(4) == pytest.approx(0.1)
-
-    def lose(steps):  # drafted steps that realized 4 tokens in 0.12 s: 0.83x the plain rate
-        for _ in range(steps):
-            assert policy.plan_drafts(slots).block
-            policy.realized(4, 4, 0.12, policy.plain_seconds(4))
-
-    lose(15)
-    assert policy.guard.ratio(4) is None  # a window is 16 readings
-    lose(1)
-    assert policy.guard.ratio(4) is None  # paused: the window is read afresh
-    blocks = [policy.plan_drafts(slots).block for _ in range(64)]
-    assert not any(blocks[:63]) and blocks[63]  # paused for 64 steps, then drafted again
-    assert policy.drafts_may_pay(1)
-    policy.guard.record(4, 4, 0.12, 0.1, policy.steps)
-    assert not policy.guard.paused(4, policy.steps)
-    lose(15)  # the second window in a row that lost: 128 steps
-    paused = [policy.plan_drafts(slots).block for _ in range(128)]
-    assert not any(paused[:127]) and paused[127]
-    for _ in range(16):  # a window that gained (7 tokens in 0.12 s: 1.46x) resets the pause
-        policy.realized(4, 7, 0.12, 0.1)
-    assert policy.guard.ratio(4) == pytest.approx((7 / 0.12) / (4 / 0.1))
-    lose(11)  # the window rolls: 5 gains and 11 losses still beat the plain rate, 4 and 12 do not
-    assert not policy.guard.paused(4, policy.steps)
-    lose(1)
-    assert sum(policy.plan_drafts(slots).block > 0 for _ in range(64)) == 1  # 64 again, not 256
-
-
-def test_a_paused_load_admits_no_drafter_context():
-    policy, slots = _drafting_policy()
-    assert policy.drafts_may_pay(4) and policy.drafts_may_pay(8)
-    for _ in range(16):
-        policy.plan_drafts(slots)
-        policy.realized(4, 4, 0.2, 0.1)
-    assert not policy.drafts_may_pay(4) and not policy.drafts_may_pay(3)  # bucket 4 is paused
-    assert policy.drafts_may_pay(8) and policy.drafts_may_pay(1)
-
-
 def test_joining_requests_get_drafter_context_where_its_realized_gain_pays_for_it():
     """Where 256 or more request-steps with drafter context ran at a load (of the last 512; a step
     of 4 requests is 4), what they realized decides admission there: their mean gain per
@@ -684,17 +639,37 @@ def test_joining_requests_get_drafter_context_where_its_realized_gain_pays_for_i
     plain step) against what context costs (3%)."""
     policy, _ = _drafting_policy()
     for _ in range(63):
-        policy.realized_plain(4)
-    assert policy.guard.context_gain(4) is None and policy.drafts_may_pay(4)  # the prediction decides
-    policy.realized(4, 6, 0.1, 0.1)  # 6 tokens where a plain step yields 4: +0.5 per request
-    assert policy.guard.context_gain(4) == pytest.approx(4 * 0.5 / 256)
+        policy.realized.plain(4)
+    assert policy.realized.context_gain(4) is None and policy.drafts_may_pay(4)  # the prediction decides
+    policy.realized.drafted(4, 6, 0.1, 0.1)  # 6 tokens where a plain step yields 4: +0.5 per request
+    assert policy.realized.context_gain(4) == pytest.approx(4 * 0.5 / 256)
     assert not policy.drafts_may_pay(4) and not policy.drafts_may_pay(3)  # 0.8% a step: less than it costs
     for _ in range(15):
-        policy.realized(4, 6, 0.1, 0.1)
-    assert policy.guard.context_gain(4) == pytest.approx(16 * 4 * 0.5 / 316) and policy.drafts_may_pay(4)
-    policy.realized(4, 4, 0.2, 0.1)  # a drafted step that took twice a plain step's time: -0.5
-    assert policy.guard.context_gain(4) == pytest.approx((32 - 4 * 0.5) / 320)
+        policy.realized.drafted(4, 6, 0.1, 0.1)
+    assert policy.realized.context_gain(4) == pytest.approx(16 * 4 * 0.5 / 316) and policy.drafts_may_pay(4)
+    policy.realized.drafted(4, 4, 0.2, 0.1)  # a drafted step that took twice a plain step's time: -0.5
+    assert policy.realized.context_gain(4) == pytest.approx((32 - 4 * 0.5) / 320)
     for _ in range(128):  # the evidence rolls: the last 512 request-steps, plain ones only now
-        policy.realized_plain(4)
-    assert policy.guard.buckets[4].rows == 512 and policy.guard.context_gain(4) == 0.0
+        policy.realized.plain(4)
+    assert policy.realized.loads[4].rows == 512 and policy.realized.context_gain(4) == pytest.approx(0.0, abs=1e-12)
     assert not policy.drafts_may_pay(4) and policy.drafts_may_pay(8)  # 8 requests: never read there
+    assert policy.context_lost(4) and not policy.context_lost(8)  # the running requests lose theirs
+
+
+def test_evidence_that_context_does_not_pay_expires():
+    """Requests refused context at a load are never drafted there, so the evidence that refused
+    them would never change: after 512 steps there without context it expires, and the
+    prediction decides again."""
+    policy, _ = _drafting_policy()
+    for _ in range(64):
+        policy.realized.plain(4)
+    assert policy.context_lost(4) and not policy.drafts_may_pay(4)
+    for _ in range(511):
+        policy.realized.without_context(4)
+    assert policy.context_lost(4)
+    policy.realized.plain(4)  # a step with context (a request kept to measure) starts the count over
+    for _ in range(511):
+        policy.realized.without_context(4)
+    assert policy.context_lost(4)
+    policy.realized.without_context(4)
+    assert not policy.context_lost(4) and policy.realized.context_gain(4) is None and policy.drafts_may_pay(4)
