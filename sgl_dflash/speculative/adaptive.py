@@ -5,8 +5,8 @@ The DFlash drafter drafts a whole block in one forward, so drafting stays at the
 what adapts is k_i in 0 .. B-1, the drafts request i verifies (0 = a plain decode step that
 still yields one token). Three running models decide it (docs/adaptive.md):
 
-- `Calibrator`: alpha = P(draft j accepted | drafts 1..j-1 were), from the drafter's confidence
-  in draft j (its probability of the argmax), per position j and mode (greedy / sampled), in
+- `Calibrator` (in calibration.py): alpha = P(draft j accepted | drafts 1..j-1 were), from the
+  drafter's confidence in draft j (its probability of the argmax), per position j and mode (greedy / sampled), in
   confidence bins with a Beta prior at the bin's confidence, updated with every verified draft;
   plus a per-request offset in logit space (`RequestState.bias`), updated online from that
   request's own outcomes (a request whose drafts fare better than their confidence says gets
@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jax_backend.batch import bucket
+from sgl_dflash.speculative.calibration import Calibrator
 from sgl_dflash.speculative.cost_model import MIN_TOKEN_ROWS, CostModel, shape_of, step_shape
 from sgl_dflash.speculative.realized import RealizedGains
 
@@ -60,48 +61,6 @@ def _logit(p: np.ndarray) -> np.ndarray:
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
-
-
-class Calibrator:
-    """Acceptance probability of a draft from its confidence, per mode and draft position."""
-
-    def __init__(self, num_positions: int, num_bins: int = 10, prior_weight: float = 4.0):
-        self.num_bins = num_bins
-        self.centers = (np.arange(num_bins) + 0.5) / num_bins
-        shape = (2, num_positions, num_bins)
-        # Beta prior: `prior_weight` pseudo-drafts at the bin's confidence (a calibrated drafter).
-        self.hits = np.broadcast_to(self.centers * prior_weight, shape).copy()
-        self.trials = np.full(shape, prior_weight)
-        # Outcomes per position alone (a weak prior of one pass in two): a new request's estimate.
-        self.position_hits, self.position_trials = np.ones((2, num_positions)), np.full((2, num_positions), 2.0)
-
-    def bins(self, confidence: np.ndarray) -> np.ndarray:
-        return np.clip((np.asarray(confidence) * self.num_bins).astype(np.int64), 0, self.num_bins - 1)
-
-    def alpha(self, modes: np.ndarray, confidence: np.ndarray) -> np.ndarray:
-        """[n, P] calibrated acceptance probabilities (before any per-request offset)."""
-        table = self.hits / self.trials
-        positions = np.arange(confidence.shape[1])[None, :]
-        return table[np.asarray(modes)[:, None], positions, self.bins(confidence)]
-
-    def position_means(self, mode: int) -> np.ndarray:
-        """[P] observed acceptance per position, whatever the confidence (a new request's
-        estimate, and the no-confidence one)."""
-        return self.position_hits[mode] / self.position_trials[mode]
-
-    def observe(self, modes: np.ndarray, confidence: np.ndarray | None, outcomes: np.ndarray,
-                observed: np.ndarray) -> None:
-        """Outcomes [n, P] (1 = accepted) of n requests' drafts at the positions where `observed`
-        [n, P] is set, drafted in `modes` [n] with `confidence` [n, P] (None: a drafter without
-        confidences; only the positions learn). One scatter for the whole batch."""
-        rows, positions = np.nonzero(observed)
-        modes, hits = np.asarray(modes)[rows], outcomes[rows, positions]
-        if confidence is not None:
-            cells = (modes, positions, self.bins(confidence[rows, positions]))
-            np.add.at(self.hits, cells, hits)
-            np.add.at(self.trials, cells, 1.0)
-        np.add.at(self.position_hits, (modes, positions), hits)
-        np.add.at(self.position_trials, (modes, positions), 1.0)
 
 
 @dataclasses.dataclass

@@ -15,8 +15,8 @@ how many drafts go to the target (`speculative/adaptive.py` decides; docs/adapti
 A request that joined where drafts do not pay (`AdaptivePolicy.drafts_may_pay`) has no drafter
 context: it is never drafted, its rows are not committed, and a batch of only such requests runs
 NONE's step. Where what steps with context realized at a load falls below what context costs
-(`AdaptivePolicy.context_lost`), the running requests lose theirs too. Greedy output stays the target's own; sampling stays lossless (k_i reads q, never
-the draws).
+(`AdaptivePolicy.context_lost`), the running requests lose theirs too. Greedy output stays the
+target's own; sampling stays lossless (k_i reads q, never the draws).
 """
 
 from __future__ import annotations

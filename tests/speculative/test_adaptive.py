@@ -247,7 +247,8 @@ def test_steps_with_context_are_read_as_realized_gains(adaptive_engine, none_eng
     monkeypatch.setattr(gains, "plain", plain.append)
     greedy_equals_none(adaptive_engine, none_engine, seed=9, count=6, max_new_tokens=40)
     B = worker.block_size
-    assert drafted and all(n <= tokens <= n * B and seconds > 0 and plain_s > 0 for n, tokens, seconds, plain_s in drafted)
+    assert drafted and all(n <= tokens <= n * B and seconds > 0 and plain_s > 0
+                           for n, tokens, seconds, plain_s in drafted)
     assert all(1 <= n <= 6 for n in plain)
 
 

@@ -1,0 +1,49 @@
+"""The adaptive policy's calibration (`speculative/adaptive.py`): the probability that a draft is
+accepted, from the drafter's confidence in it, per mode (greedy / sampled) and draft position,
+learned from every verified draft."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Calibrator:
+    """Acceptance probability of a draft from its confidence, per mode and draft position."""
+
+    def __init__(self, num_positions: int, num_bins: int = 10, prior_weight: float = 4.0):
+        self.num_bins = num_bins
+        self.centers = (np.arange(num_bins) + 0.5) / num_bins
+        shape = (2, num_positions, num_bins)
+        # Beta prior: `prior_weight` pseudo-drafts at the bin's confidence (a calibrated drafter).
+        self.hits = np.broadcast_to(self.centers * prior_weight, shape).copy()
+        self.trials = np.full(shape, prior_weight)
+        # Outcomes per position alone (a weak prior of one pass in two): a new request's estimate.
+        self.position_hits, self.position_trials = np.ones((2, num_positions)), np.full((2, num_positions), 2.0)
+
+    def bins(self, confidence: np.ndarray) -> np.ndarray:
+        return np.clip((np.asarray(confidence) * self.num_bins).astype(np.int64), 0, self.num_bins - 1)
+
+    def alpha(self, modes: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        """[n, P] calibrated acceptance probabilities (before any per-request offset)."""
+        table = self.hits / self.trials
+        positions = np.arange(confidence.shape[1])[None, :]
+        return table[np.asarray(modes)[:, None], positions, self.bins(confidence)]
+
+    def position_means(self, mode: int) -> np.ndarray:
+        """[P] observed acceptance per position, whatever the confidence (a new request's
+        estimate, and the no-confidence one)."""
+        return self.position_hits[mode] / self.position_trials[mode]
+
+    def observe(self, modes: np.ndarray, confidence: np.ndarray | None, outcomes: np.ndarray,
+                observed: np.ndarray) -> None:
+        """Outcomes [n, P] (1 = accepted) of n requests' drafts at the positions where `observed`
+        [n, P] is set, drafted in `modes` [n] with `confidence` [n, P] (None: a drafter without
+        confidences; only the positions learn). One scatter for the whole batch."""
+        rows, positions = np.nonzero(observed)
+        modes, hits = np.asarray(modes)[rows], outcomes[rows, positions]
+        if confidence is not None:
+            cells = (modes, positions, self.bins(confidence[rows, positions]))
+            np.add.at(self.hits, cells, hits)
+            np.add.at(self.trials, cells, 1.0)
+        np.add.at(self.position_hits, (modes, positions), hits)
+        np.add.at(self.position_trials, (modes, positions), 1.0)
