@@ -6,11 +6,11 @@ what adapts is k_i in 0 .. B-1, the drafts request i verifies (0 = a plain decod
 still yields one token). Three running models decide it (docs/adaptive.md):
 
 - `Calibrator` (in calibration.py): alpha = P(draft j accepted | drafts 1..j-1 were), from the
-  drafter's confidence in draft j (its probability of the argmax), per position j and mode (greedy / sampled), in
-  confidence bins with a Beta prior at the bin's confidence, updated with every verified draft;
-  plus a per-request offset in logit space (`RequestState.bias`), updated online from that
-  request's own outcomes (a request whose drafts fare better than their confidence says gets
-  longer blocks).
+  drafter's confidence in draft j (its probability of the argmax), per position j and mode
+  (greedy / sampled), in confidence bins with a Beta prior at the bin's confidence, updated with
+  every verified draft; plus a per-request offset in logit space (`RequestState.bias`), updated
+  online from that request's own outcomes (a request whose drafts fare better than their
+  confidence says gets longer blocks).
 - `CostModel` (in cost_model.py): seconds of a verify step per compiled shape, of a draft step
   per batch bucket, and of the rest of a step; running means of what the worker measured.
 - `best_lengths`: with g[i, m] = P(the first m drafts of request i all pass) = prod_j<=m alpha,

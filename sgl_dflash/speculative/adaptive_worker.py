@@ -139,7 +139,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy.cost.at(self.runner.context_pages(batch.prefix_lens), self.proposer.read_len(context))
         plan = self.policy.plan_drafts(slots, draftable)
         drafted, block = plan.drafted, plan.block
-        plain_seconds = self.policy.plain_seconds(n)  # what a drafted step's gain is read against
+        # What a drafted step's gain is read against (predicted before the step runs).
+        plain_seconds = self.policy.plain_seconds(n) if drafted.any() else 0.0
         rows, width = np.flatnonzero(drafted), plan.block - 1  # width: drafts per drafted request
         drafts = np.zeros((n, B - 1), np.int32)
         confidence = np.zeros((n, B - 1), np.float32) if self.has_confidence else None

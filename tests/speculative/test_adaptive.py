@@ -242,7 +242,7 @@ def test_steps_with_context_are_read_as_realized_gains(adaptive_engine, none_eng
     flat_costs(adaptive_engine, monkeypatch)  # drafts pay: drafted steps happen
     gains = RealizedGains(min_gain_rows=1 << 30)
     monkeypatch.setattr(worker.policy, "realized", gains)
-    drafted, plain, steps = [], [], {"drafted": 0}
+    drafted, plain = [], []
     monkeypatch.setattr(gains, "drafted", lambda *reading: drafted.append(reading))
     monkeypatch.setattr(gains, "plain", plain.append)
     greedy_equals_none(adaptive_engine, none_engine, seed=9, count=6, max_new_tokens=40)

@@ -618,18 +618,17 @@ def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
     assert not policy.drafts_may_pay(8)
 
 
-def _drafting_policy() -> tuple[AdaptivePolicy, list[int]]:
+def _drafting_policy() -> AdaptivePolicy:
     """4 requests whose drafts usually pass, with costs measured so that drafting is predicted to
     pay (a plain step 0.1 s for 4 tokens; a draft and a verify of one draft each 0.12 s for ~7.6)."""
     policy = AdaptivePolicy(num_drafts=7, explore_every=0)
-    slots = [0, 1, 2, 3]
-    for slot in slots:
+    for slot in range(4):
         policy.add(slot)
         policy.requests[slot].estimate[:] = 0.9
     for _ in range(3):
         policy.cost.observe((4, 4, 1), 0.1, 0, 0.0, 0.0)
         policy.cost.observe((4, 8, 2), 0.11, 4, 0.01, 0.0, draft_block=2)
-    return policy, slots
+    return policy
 
 
 def test_joining_requests_get_drafter_context_where_its_realized_gain_pays_for_it():
@@ -637,7 +636,7 @@ def test_joining_requests_get_drafter_context_where_its_realized_gain_pays_for_i
     of 4 requests is 4), what they realized decides admission there: their mean gain per
     request-step (a drafted step's tokens beyond what a plain step yields in its seconds; 0 for a
     plain step) against what context costs (3%)."""
-    policy, _ = _drafting_policy()
+    policy = _drafting_policy()
     for _ in range(63):
         policy.realized.plain(4)
     assert policy.realized.context_gain(4) is None and policy.drafts_may_pay(4)  # the prediction decides
@@ -660,7 +659,7 @@ def test_evidence_that_context_does_not_pay_expires():
     """Requests refused context at a load are never drafted there, so the evidence that refused
     them would never change: after 512 steps there without context it expires, and the
     prediction decides again."""
-    policy, _ = _drafting_policy()
+    policy = _drafting_policy()
     for _ in range(64):
         policy.realized.plain(4)
     assert policy.context_lost(4) and not policy.drafts_may_pay(4)
