@@ -257,7 +257,7 @@ class AdaptivePolicy:
         return DraftPlan(chosen, block if chosen.any() else 0)
 
     def drafts_may_pay(self, n: int) -> bool:
-        """Whether a batch of n requests of the typical acceptance (the greedy position means) has
+        """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
         a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
         first drafts were verified). Where not, the worker gives a joining request no drafter
         context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where
@@ -267,13 +267,18 @@ class AdaptivePolicy:
             return not self.context_lost(n)
         if self.calibrator.position_trials[GREEDY, 0] < self.admit_evidence:
             return True
-        gains = np.tile(np.cumprod(self.calibrator.position_means(GREEDY)), (n, 1))
+        return self.typical_gain(n) >= self.admit_ratio
+
+    def typical_gain(self, n: int) -> float:
+        """The best drafted allocation's predicted tokens per second for n requests of the typical
+        acceptance (`Calibrator.typical_means`, greedy), over the plain step's."""
+        gains = np.tile(np.cumprod(self.calibrator.typical_means(GREEDY)), (n, 1))
         candidates, best = allocations(gains), 0.0
         for b in self.blocks:
             draft_cost = self.draft_cost(n, b)
             for a in (a for a in candidates if a.cap < 2 * b):
                 best = max(best, (n + a.gain) / (draft_cost + self.shape_cost(a.shape)))
-        return best >= self.admit_ratio * n / self.step_cost(np.ones(n, np.int64))
+        return best / (n / self.step_cost(np.ones(n, np.int64)))
 
     def context_lost(self, n: int) -> bool:
         """Whether steps with drafter context at n requests realized less than context costs
@@ -375,6 +380,8 @@ class AdaptivePolicy:
                             np.where(idle, estimate + self.idle_relax * (mean - estimate), estimate))
         mean = np.where(cells, (1 - self.mean_decay) * mean + self.mean_decay * value, mean)
         self.calibrator.observe(modes, confidence, outcomes, observed)
+        if confidence is not None:
+            self.calibrator.observe_drafted(modes, alpha, drafted[:, None] & (positions < limit))
         steps = self.learning_rate * np.where(observed, outcomes - alpha, 0.0).sum(axis=1)
         for i, state in enumerate(states):
             state.estimate, state.mean = estimate[i], mean[i]

@@ -117,7 +117,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         bonus = [ids[0] for ids in batch.input_ids]
         info = batch.sampling_info
         modes = (info.temperatures > 0).astype(np.int64)
-        compiled = self._compilations()
+        compiled = self.compilations()
         # What is left of the drafter's work that ran behind the scheduler: the last drafted step's.
         self._realize(self._wait_for_drafter())
         t0 = time.perf_counter()
@@ -198,7 +198,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         tokens = np.concatenate([drafts, np.zeros((n, 1), np.int32)], axis=1)
         tokens[np.arange(n), accepted] = new_bonus
         t4 = time.perf_counter()
-        if self._compilations() == compiled:
+        if self.compilations() == compiled:
             self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
                                      draft_block=block)
             if len(rows):
@@ -225,7 +225,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         result = self.target_worker.forward_decode(batch)
         self.runner.step_read()
         seconds, shape = time.perf_counter() - t0, step_shape(np.ones(n, np.int64))
-        if self._compilations() == compiled:  # the host work of a step with drafts is not here: kept
+        if self.compilations() == compiled:  # the host work of a step with drafts is not here: kept
             cost.observe(shape, seconds, 0, 0.0, cost.overhead)
         else:
             cost.compiled(shape, 0, 0, seconds)
@@ -278,7 +278,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
                            room, compiled_memory.map_limit())
         self.policy.may_compile = may_compile
 
-    def _compilations(self) -> int:
+    def compilations(self) -> int:
         """Programs compiled so far by anything a decode step runs (a step that compiled is not a
         measurement of the step). JAX's process-wide trace count (`jax_backend.compile_counter`)
         was tried instead: in its one full run the policy drafted 65% of the steps at 8 requests

@@ -75,6 +75,8 @@ class CostModel:
         # The medians as last measured (drafted shapes and drafts: see `_current` for today's).
         self.verify_s: dict[tuple[int, int, int], float] = {}
         self.draft_s: dict[tuple[int, int], float] = {}  # (batch bucket, draft block) -> seconds
+        # ("verify" | "draft", key) -> seconds read by the startup sweep (`startup_reading`)
+        self.startup: dict[tuple[str, tuple], float] = {}
         # ("verify" | "draft", key) -> its last readings, each divided by the speed when it was read
         self._samples: dict[tuple[str, tuple], collections.deque] = {}
         self._memo: dict[tuple[str, tuple], float] = {}  # `_current` until the next measurement
@@ -132,6 +134,31 @@ class CostModel:
         self._memo.clear()
         table[key] = self._current(name, key)
 
+    def startup_reading(self, name: str, key: tuple, seconds: float) -> None:
+        """A program timed before serving (the startup sweep; "verify": a shape, "draft": (batch
+        bucket, block)). It prices the program until a step runs it, as a ratio: the sweep runs on
+        an idle machine with dummy sequences sharing their pages, and its readings ran 6-50% under
+        serving's (docs/adaptive.md); taken as they are, the policy drafted on them (2026-11-29,
+        late night). So a reading is scaled by what served programs read over their own startup
+        readings (`_startup_scale`). Not a measurement: no step, age or speed."""
+        self.startup[(name, key)] = seconds
+        self._memo.clear()
+
+    def _startup_scale(self, batch: int | None) -> float:
+        """Served over startup seconds: of the plain step of `batch` (a verify shape's batch
+        bucket) where both were read, else the median over every program with both (1.0: none)."""
+        memo = ("startup scale", (batch,))
+        if memo not in self._memo:  # (until the next measurement, like `_current`)
+            plain = None if batch is None else step_shape(np.ones(batch, np.int64))
+            if plain in self.verify_s and ("verify", plain) in self.startup:
+                scale = self._current("verify", plain) / max(self.startup[("verify", plain)], 1e-9)
+            else:
+                ratios = [self._current(name, key) / max(seconds, 1e-9) for (name, key), seconds in self.startup.items()
+                          if key in (self.verify_s if name == "verify" else self.draft_s)]
+                scale = float(statistics.median(ratios)) if ratios else 1.0
+            self._memo[memo] = scale
+        return self._memo[memo]
+
     def readings(self, shape: tuple[int, int, int]) -> int:
         """How many current measurements this verify shape's cost is the median of."""
         return len(self._samples.get(("verify", shape), ()))
@@ -186,6 +213,8 @@ class CostModel:
         """Seconds of a verify step of this (S, T, Q) shape."""
         if shape in self.verify_s:
             return self._current("verify", shape)
+        if ("verify", shape) in self.startup:
+            return self.startup[("verify", shape)] * self._startup_scale(shape[0])
         a, b = self.line()
         return a + b * shape[1]
 
@@ -215,6 +244,8 @@ class CostModel:
         key = (bucket(batch), block)
         if key in self.draft_s:
             return self._current("draft", key)
+        if ("draft", key) in self.startup:
+            return self.startup[("draft", key)] * self._startup_scale(None)
         if self.draft_s:  # the nearest measured one, scaled by the square root of the work ratio
             near = min(self.draft_s, key=lambda k: abs(np.log2(k[0] * k[1] / (key[0] * key[1]))))
             return self._current("draft", near) * float(np.sqrt(key[0] * key[1] / (near[0] * near[1])))

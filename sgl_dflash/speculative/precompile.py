@@ -10,7 +10,11 @@ captures its CUDA graphs per batch size at startup for the same reason. With the
 compilation cache a later startup mostly loads them.
 
 How: dummy sequences sharing one allocated page table (freed afterwards) and drafter sequences
-added with zero features, then released. Greedy programs at `SWEPT_CONTEXTS` (cached prefixes in
+added with zero features, then released. At the first swept context each program runs once more,
+timed, and the cost model starts from that reading (`CostModel.startup_reading`): without it a
+load the policy had not served yet was predicted from a line fitted to the shapes it had, and
+after single requests that line put a batch of 8's drafted steps at 1.12x the plain step's rate
+where they ran below it (docs/adaptive.md, 2026-12-03 evening). Greedy programs at `SWEPT_CONTEXTS` (cached prefixes in
 the target's buckets of 256 and 512 tokens; the drafter's windows of 128, 256 and 512) and the
 drafter's prompt chunks are swept; sampling modes, longer contexts and the target's prefill shapes
 still compile when first met (the policy knows which: `CostModel.at`).
@@ -23,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -90,6 +95,7 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     try:
         _drafter_prefills(proposer)
         for context in contexts:
+            timed = context == contexts[0]
             policy.cost.at(runner.context_pages([context]), 0)
             features = np.zeros((context, proposer.num_features), np.float32)
             # The drafter's window has two buckets inside the target's first one (128 and 256
@@ -102,9 +108,13 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                 out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
                                     block_size=max(2, shape[2]))
                 policy.cost.observe_compile(time.perf_counter() - start)  # what a compile costs here
+                if timed:
+                    _time(worker, "verify", shape, lambda: runner.verify(
+                        [SeqInput([0] * int(n), context, pages, "all") for n in lens], block_size=max(2, shape[2])).features)
                 ids = [(_SWEEP_ID, i) for i in range(len(lens))]
                 first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
-                windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket)
+                windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket,
+                                            timed=timed)
                 if first_of_bucket and short:
                     windows += _commit_and_draft(worker, [_SHORT_ID + (i,) for i in range(len(ids))],
                                                  features[: proposer.min_read_len // 2], out.features,
@@ -119,11 +129,17 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
             for n in plain_batches:  # a step that verifies no draft runs the greedy sampling program
                 # as the worker's: not waited for, then reported read (its first step compiles
                 # every layer loop the runner's tuner times)
-                out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
-                                    device_features=True, wait=False)
-                worker.plain_block(out.device_features)
-                np.asarray(out.tokens)
-                runner.step_read()
+                def plain_step(n=n):
+                    out = runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n,
+                                        device_features=True, wait=False)
+                    features = worker.plain_block(out.device_features)
+                    np.asarray(out.tokens)
+                    runner.step_read()
+                    return features
+
+                plain_step()
+                if timed:
+                    _time(worker, "verify", step_shape(np.ones(n, np.int64)), plain_step)
                 bar.update()
     finally:
         worker.allocator.free(_SWEEP_ID)
@@ -140,11 +156,23 @@ def _drafter_prefills(proposer: Any) -> None:
         rows *= 2
 
 
+def _time(worker: Any, name: str, key: tuple, run) -> None:
+    """Runs `run` (compiled already) once, waits for what it returns, and hands its seconds to the
+    cost model as `key`'s startup reading; not if it compiled something (the runner's layer-loop
+    tuner may pick a layout it has not run yet)."""
+    compiled = worker.compilations()
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    if worker.compilations() == compiled:
+        worker.policy.cost.startup_reading(name, key, time.perf_counter() - start)
+
+
 def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, verified: Any, *,
-                      flush_and_draft: bool) -> list[int]:
+                      flush_and_draft: bool, timed: bool = False) -> list[int]:
     """Adds `ids` with `context_features`, commits the verify step's features (a plain step); with
     `flush_and_draft`, also the plain steps in a row that end in a flush of the pending rows, and a
-    draft of every block; then releases them. Returns the drafter windows drafted at."""
+    draft of every block (`timed`: each draft once more, timed for the cost model); then releases
+    them. Returns the drafter windows drafted at."""
     proposer = worker.proposer
     for seq_id in ids:
         proposer.add(seq_id, context_features)
@@ -156,7 +184,12 @@ def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, veri
             return []
         window = proposer.read_len(ids)
         for b in worker.policy.blocks:
-            proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
+            def draft(b=b):
+                return proposer.propose(ids, [0] * len(ids), return_confidence=worker.has_confidence, block_size=b)
+
+            draft()
+            if timed:
+                _time(worker, "draft", (bucket(len(ids)), b), draft)
         return [window]
     finally:
         for seq_id in ids:

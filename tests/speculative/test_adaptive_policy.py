@@ -597,7 +597,7 @@ def test_observing_a_batch_equals_observing_its_requests_one_by_one(with_confide
         np.testing.assert_allclose(a.mean, b.mean, rtol=0, atol=1e-12)
         assert a.bias == pytest.approx(b.bias, abs=1e-12) and a.idle == b.idle
     assert any(together.requests[s].bias != 0 for s in range(n))  # the offsets did learn
-    for table in ("hits", "trials", "position_hits", "position_trials"):
+    for table in ("hits", "trials", "position_hits", "position_trials", "drafted_alpha", "drafted"):
         np.testing.assert_array_equal(getattr(together.calibrator, table), getattr(alone.calibrator, table))
 
 
@@ -616,6 +616,67 @@ def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
     assert policy.drafts_may_pay(8) and policy.drafts_may_pay(32)
     policy.admit_ratio = 2.0  # but not twice the plain rate
     assert not policy.drafts_may_pay(8)
+
+
+def test_a_typical_request_is_judged_by_every_draft_not_only_the_verified_ones():
+    """The policy verifies confident drafts, so the outcomes it observes lean high for a typical
+    request; the typical acceptance per position (what `drafts_may_pay` reads) is the calibrated
+    acceptance of every draft drafted there, once 16 were."""
+    policy = AdaptivePolicy(num_drafts=3)
+    for slot in range(2):
+        policy.add(slot)
+    confidence = np.array([[0.95] * 3, [0.15] * 3])  # request 0 confident, request 1 not
+    alphas = []
+    for step in range(20):
+        alphas.append(policy.alphas([0, 1], np.zeros(2, np.int64), confidence))
+        # Both drafted; only the confident one verified (all 3 pass), the other ran a plain step.
+        policy.observe([0, 1], np.zeros(2, np.int64), np.array([True, True]), confidence,
+                       verified=np.array([3, 0]), accepted=np.array([3, 0]), block=4)
+        cal = policy.calibrator
+        if step < 7:  # fewer than 16 drafts per position: the outcomes stand in
+            np.testing.assert_array_equal(cal.typical_means(GREEDY), cal.position_means(GREEDY))
+    assert cal.position_means(GREEDY)[0] > 0.9  # what was verified passed
+    typical = cal.typical_means(GREEDY)
+    np.testing.assert_allclose(typical, np.mean(np.concatenate(alphas), axis=0), rtol=1e-12)
+    assert 0.4 < typical[0] < 0.7  # half the drafts were doubtful
+
+
+def test_startup_readings_decide_a_load_not_served_yet():
+    """The sweep times each program once before serving (`CostModel.startup_reading`). Without
+    those readings a load not served yet was predicted from a line through the shapes served:
+    after single requests, 8 requests' drafted steps at more than the plain rate, where they ran
+    below it (costs as read on the real pair, docs/adaptive.md 2026-12-04)."""
+    def served_single_requests() -> AdaptivePolicy:
+        policy = AdaptivePolicy(num_drafts=7)
+        # Drafts that pass 6 times in 10 at each position, up to the first rejection.
+        outcomes = np.cumprod(np.random.default_rng(0).random((400, 7)) < 0.6, axis=1).astype(np.float64)
+        policy.calibrator.observe(np.zeros(400, np.int64), None, outcomes, np.ones((400, 7), bool))
+        for _ in range(3):
+            policy.cost.observe((1, 2, 1), 0.027, 0, 0.0, 0.0)
+            policy.cost.observe((1, 8, 8), 0.034, 1, 0.0045, 0.0, draft_block=8)
+        policy.cost.compiled_verify.update({(8, 8, 1), (8, 16, 2), (8, 32, 4), (8, 64, 8)})
+        policy.cost.compiled_draft.update({(8, b) for b in policy.blocks})
+        return policy
+
+    guessed, read = served_single_requests(), served_single_requests()
+    for shape, seconds in {(8, 8, 1): 0.035, (8, 16, 2): 0.047, (8, 32, 4): 0.066, (8, 64, 8): 0.105}.items():
+        read.cost.startup_reading("verify", shape, seconds)
+    for block, seconds in zip(read.blocks, (0.0107, 0.0134, 0.0191)):
+        read.cost.startup_reading("draft", (8, block), seconds)
+    assert guessed.typical_gain(8) > 1.05 and guessed.drafts_may_pay(8)
+    assert read.typical_gain(8) < 1.0 and not read.drafts_may_pay(8)
+    assert read.cost.verify((8, 16, 2)) == pytest.approx(0.047) and read.cost.draft(8, 2) == pytest.approx(0.0107)
+    assert read.cost.steps_here() == guessed.cost.steps_here() and read.cost.age((8, 16, 2)) is None  # no step
+    # Startup readings price as ratios: served over startup seconds of the same load's plain step
+    # (the sweep's idle machine and shared pages read low), else of every program served.
+    read.cost.observe((8, 8, 1), 0.042, 0, 0.0, 0.0)  # 1.2x its startup reading
+    assert read.cost.verify((8, 8, 1)) == pytest.approx(0.042)
+    assert read.cost.verify((8, 32, 4)) == pytest.approx(1.2 * 0.066) and read.cost.draft(8, 4) == pytest.approx(1.2 * 0.0134)
+    read.cost.observe((8, 16, 2), 0.053, 8, 0.0107 * 1.1, 0.0, draft_block=2)  # a served step replaces its reading
+    assert read.cost.verify((8, 16, 2)) == pytest.approx(0.053) and read.cost.draft(8, 2) == pytest.approx(0.0107 * 1.1)
+    assert read.cost.verify((8, 32, 4)) == pytest.approx(1.2 * 0.066)  # the plain step of its load still scales it
+    # A draft's: the median over the programs served (1.2, 0.053 / 0.047 and 1.1).
+    assert read.cost.draft(8, 4) == pytest.approx(0.053 / 0.047 * 0.0134)
 
 
 def _drafting_policy() -> AdaptivePolicy:

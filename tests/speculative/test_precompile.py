@@ -2,13 +2,14 @@
 policy can choose, and afterwards serving in the first context bucket compiles nothing."""
 
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 
 from jax_backend import compiled_memory
 from jax_backend.batch import bucket
 from sgl_dflash.entrypoints.engine import Engine
-from sgl_dflash.speculative.cost_model import step_shape
+from sgl_dflash.speculative.cost_model import CostModel, step_shape
 from sgl_dflash.speculative import precompile
 from sgl_dflash.speculative.precompile import _lens_for, verify_shapes
 from tests.speculative.test_adaptive import random_lengths
@@ -27,6 +28,17 @@ def test_verify_shapes_are_every_shape_a_batch_can_take():
         for shape in shapes:  # ... and each one a batch the engine can really run
             lens = _lens_for(*shape, block)
             assert step_shape(lens) == shape and len(lens) <= max_requests and lens.max() <= block
+
+
+def test_a_timed_sweep_run_that_compiled_is_no_reading():
+    cost = CostModel()
+    compiles = []
+    worker = SimpleNamespace(compilations=lambda: len(compiles), policy=SimpleNamespace(cost=cost))
+    precompile._time(worker, "verify", (8, 8, 1), lambda: np.zeros(2))
+    precompile._time(worker, "verify", (8, 16, 2), lambda: compiles.append(1) or np.zeros(2))
+    precompile._time(worker, "draft", (8, 2), lambda: np.zeros(2))
+    assert set(cost.startup) == {("verify", (8, 8, 1)), ("draft", (8, 2))}
+    assert not cost.verify_s and not cost.draft_s  # no measurement of serving
 
 
 def _a_fresh_process_room() -> int | None:
@@ -51,6 +63,12 @@ def test_a_precompiled_adaptive_engine_compiles_no_decode_step(engine_kwargs, tr
     assert policy.cost._compiled_verify[width] == set(verify_shapes(4, 4))
     for window in (128, 256):  # the drafter's windows inside the target's first context bucket
         assert policy.cost.drafts_compiled_at(window) == {(rows, b) for rows in (1, 2, 4) for b in policy.blocks}
+    # Each program was timed once: loads not served yet are predicted from their own readings.
+    # (A verify shape is left out only where its timed run compiled: the layer-loop tuner's pick.)
+    read = {name: {key for n, key in policy.cost.startup if n == name} for name in ("verify", "draft")}
+    assert read["draft"] == {(rows, b) for rows in (1, 2, 4) for b in policy.blocks}
+    assert {step_shape(np.ones(n, np.int64)) for n in (1, 2, 4)} <= read["verify"] <= set(verify_shapes(4, 4))
+    assert len(read["verify"]) >= len(verify_shapes(4, 4)) // 2
 
     # Random plans and lengths hit many ragged shapes, draft blocks and batch sizes.
     chosen, blocks = random_lengths(engine, monkeypatch, seed=3)
@@ -58,9 +76,9 @@ def test_a_precompiled_adaptive_engine_compiles_no_decode_step(engine_kwargs, tr
     decode = worker.forward_decode
 
     def watched(batch):
-        before = worker._compilations()
+        before = worker.compilations()
         out = decode(batch)
-        if worker._compilations() != before:
+        if worker.compilations() != before:
             compiled_steps.append(len(batch.slots))
         return out
 
