@@ -150,7 +150,7 @@ class AdaptivePolicy:
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
-                 admit_ratio: float = 1.0, admit_evidence: int = 64, realized: RealizedGains | None = None,
+                 admit_ratio: float = 1.0, admit_evidence: int = 32, realized: RealizedGains | None = None,
                  context_cost: float = 0.03):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
@@ -259,13 +259,15 @@ class AdaptivePolicy:
     def drafts_may_pay(self, n: int) -> bool:
         """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
         a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
-        first drafts were verified). Where not, the worker gives a joining request no drafter
+        first drafts were read, `Calibrator.drafts_seen`: 32, so that one request's answer decides;
+        at 64 verified ones, a single prompt of 128 tokens left the first batch of 8 admitted on no
+        evidence, docs/adaptive.md 2026-12-04). Where not, the worker gives a joining request no drafter
         context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where
         enough steps with context ran at this load (256 request-steps), what they realized decides
         instead (`context_lost`)."""
         if self.realized.context_gain(n) is not None:
             return not self.context_lost(n)
-        if self.calibrator.position_trials[GREEDY, 0] < self.admit_evidence:
+        if self.calibrator.drafts_seen(GREEDY) < self.admit_evidence:
             return True
         return self.typical_gain(n) >= self.admit_ratio
 

@@ -48,6 +48,11 @@ class Calibrator:
         return np.where(counts >= min_drafts, self.drafted_alpha[mode] / np.maximum(counts, 1),
                         self.position_means(mode))
 
+    def drafts_seen(self, mode: int) -> float:
+        """Drafts read at the first position: every one drafted (`observe_drafted`, with
+        confidences) or, without confidences, every one verified."""
+        return max(self.drafted[mode, 0], self.position_trials[mode, 0] - 2.0)
+
     def observe_drafted(self, modes: np.ndarray, alpha: np.ndarray, drafted: np.ndarray) -> None:
         """alpha [n, P]: the calibrated acceptance of n requests' drafts, at the positions where
         `drafted` [n, P] is set (whether verified or not)."""

@@ -10,11 +10,12 @@ captures its CUDA graphs per batch size at startup for the same reason. With the
 compilation cache a later startup mostly loads them.
 
 How: dummy sequences sharing one allocated page table (freed afterwards) and drafter sequences
-added with zero features, then released. At the first swept context each program runs once more,
-timed, and the cost model starts from that reading (`CostModel.startup_reading`): without it a
-load the policy had not served yet was predicted from a line fitted to the shapes it had, and
-after single requests that line put a batch of 8's drafted steps at 1.12x the plain step's rate
-where they ran below it (docs/adaptive.md, 2026-12-03 evening). Greedy programs at `SWEPT_CONTEXTS` (cached prefixes in
+added with zero features, then released. At the first swept context each program runs 3 more
+times, timed, and the cost model prices a program no step has run yet from that median, scaled by
+what served programs read over their own (`CostModel.startup_reading`): without readings a load
+not served yet was predicted from a line through the shapes served, and after single requests
+that line put a batch of 8's drafted steps above the plain step's rate where they ran below it
+(docs/adaptive.md, 2026-12-04). Greedy programs at `SWEPT_CONTEXTS` (cached prefixes in
 the target's buckets of 256 and 512 tokens; the drafter's windows of 128, 256 and 512) and the
 drafter's prompt chunks are swept; sampling modes, longer contexts and the target's prefill shapes
 still compile when first met (the policy knows which: `CostModel.at`).
@@ -23,6 +24,7 @@ still compile when first met (the policy knows which: `CostModel.at`).
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -156,15 +158,18 @@ def _drafter_prefills(proposer: Any) -> None:
         rows *= 2
 
 
-def _time(worker: Any, name: str, key: tuple, run) -> None:
-    """Runs `run` (compiled already) once, waits for what it returns, and hands its seconds to the
-    cost model as `key`'s startup reading; not if it compiled something (the runner's layer-loop
-    tuner may pick a layout it has not run yet)."""
-    compiled = worker.compilations()
-    start = time.perf_counter()
-    jax.block_until_ready(run())
+def _time(worker: Any, name: str, key: tuple, run, repeats: int = 3) -> None:
+    """Runs `run` (compiled already) `repeats` times, waiting for what it returns, and hands the
+    median seconds to the cost model as `key`'s startup reading (one run alone read a batch of 8's
+    2-token verify at 2.1x its plain step, another run 1.3x); not if a run compiled something (the
+    runner's layer-loop tuner may pick a layout it has not run yet)."""
+    compiled, seconds = worker.compilations(), []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run())
+        seconds.append(time.perf_counter() - start)
     if worker.compilations() == compiled:
-        worker.policy.cost.startup_reading(name, key, time.perf_counter() - start)
+        worker.policy.cost.startup_reading(name, key, statistics.median(seconds))
 
 
 def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, verified: Any, *,

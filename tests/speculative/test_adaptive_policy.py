@@ -602,9 +602,8 @@ def test_observing_a_batch_equals_observing_its_requests_one_by_one(with_confide
 
 
 def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
-    """A joining request gets drafter context where a typical request's drafts (the observed
-    acceptance per position) beat the plain step at that load; before enough drafts were
-    verified, always."""
+    """A joining request gets drafter context where a typical request's drafts (`typical_means`)
+    beat the plain step at that load; before enough drafts were read, always."""
     policy = AdaptivePolicy(3)
     policy.draft_cost = lambda batch, block: 0.0
     policy.shape_cost = by_rows(1.0)  # a verify costs its token rows: drafts of 1 in 2 cannot pay
@@ -616,6 +615,16 @@ def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
     assert policy.drafts_may_pay(8) and policy.drafts_may_pay(32)
     policy.admit_ratio = 2.0  # but not twice the plain rate
     assert not policy.drafts_may_pay(8)
+    # With confidences every drafted first position is evidence, verified or not: 32 of them.
+    policy = AdaptivePolicy(3)
+    policy.draft_cost = lambda batch, block: 0.0
+    policy.shape_cost = by_rows(1.0)
+    policy.add(0)
+    for step in range(32):
+        assert policy.drafts_may_pay(8)
+        policy.observe([0], np.zeros(1, np.int64), np.array([True]), np.full((1, 3), 0.3), verified=np.array([0]),
+                       accepted=np.array([0]), block=4)
+    assert policy.calibrator.position_trials[GREEDY, 0] == 2.0 and not policy.drafts_may_pay(8)
 
 
 def test_a_typical_request_is_judged_by_every_draft_not_only_the_verified_ones():

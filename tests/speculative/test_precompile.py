@@ -2,9 +2,11 @@
 policy can choose, and afterwards serving in the first context bucket compiles nothing."""
 
 import logging
+import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from jax_backend import compiled_memory
 from jax_backend.batch import bucket
@@ -30,11 +32,15 @@ def test_verify_shapes_are_every_shape_a_batch_can_take():
             assert step_shape(lens) == shape and len(lens) <= max_requests and lens.max() <= block
 
 
-def test_a_timed_sweep_run_that_compiled_is_no_reading():
+def test_the_sweep_reads_the_median_of_three_runs_and_none_that_compiled(monkeypatch):
     cost = CostModel()
     compiles = []
     worker = SimpleNamespace(compilations=lambda: len(compiles), policy=SimpleNamespace(cost=cost))
+    clock = iter([0.0, 0.02, 1.0, 1.09, 2.0, 2.03])  # runs of 20, 90 (another process's burst), 30 ms
+    monkeypatch.setattr(precompile, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     precompile._time(worker, "verify", (8, 8, 1), lambda: np.zeros(2))
+    assert cost.startup == {("verify", (8, 8, 1)): pytest.approx(0.03)}
+    monkeypatch.setattr(precompile, "time", time)
     precompile._time(worker, "verify", (8, 16, 2), lambda: compiles.append(1) or np.zeros(2))
     precompile._time(worker, "draft", (8, 2), lambda: np.zeros(2))
     assert set(cost.startup) == {("verify", (8, 8, 1)), ("draft", (8, 2))}
