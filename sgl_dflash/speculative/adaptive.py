@@ -150,7 +150,7 @@ class AdaptivePolicy:
                  cost_model: CostModel | None = None,
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
-                 admit_ratio: float = 1.0, admit_evidence: int = 32, realized: RealizedGains | None = None,
+                 admit_ratio: float = 1.05, admit_evidence: int = 32, realized: RealizedGains | None = None,
                  context_cost: float = 0.03):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
@@ -175,7 +175,10 @@ class AdaptivePolicy:
         self.min_gain = min_gain
         # A probe is drafted only if expected to lose at most `probe_slack` of the plain rate.
         self.probe_slack = probe_slack
-        self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence  # `drafts_may_pay`
+        # `drafts_may_pay`: context for a typical request only where its drafts would clear the bar
+        # a drafted step must (1 + `min_gain`); at 1.0, batches of 8 predicted at 1.00-1.05 were
+        # admitted, drafted 0-7% of their steps and lost 2-6% (docs/adaptive.md, 2026-12-04).
+        self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence
         # What drafter context costs a step, as a fraction of its tokens: adaptive with no
         # drafting ran at 0.95-0.98x NONE (docs/adaptive.md, 2026-11-27 night).
         self.context_cost = context_cost
