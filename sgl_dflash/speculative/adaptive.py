@@ -175,9 +175,8 @@ class AdaptivePolicy:
         self.min_gain = min_gain
         # A probe is drafted only if expected to lose at most `probe_slack` of the plain rate.
         self.probe_slack = probe_slack
-        # `drafts_may_pay`: context for a typical request only where its drafts would clear the bar
-        # a drafted step must (1 + `min_gain`); at 1.0, batches of 8 predicted at 1.00-1.05 were
-        # admitted, drafted 0-7% of their steps and lost 2-6% (docs/adaptive.md, 2026-12-04).
+        # `drafts_may_pay`: context where a typical request's drafts clear a drafted step's bar
+        # (1 + `min_gain`); at 1.0 batches of 8 got it, drafted 0-7% of steps, lost 2-6%.
         self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence
         # What drafter context costs a step, as a fraction of its tokens: adaptive with no
         # drafting ran at 0.95-0.98x NONE (docs/adaptive.md, 2026-11-27 night).
@@ -190,6 +189,7 @@ class AdaptivePolicy:
         self.may_compile = True
         self.requests: dict[int, RequestState] = {}
         self.steps = 0
+        self._judging = False  # `typical_gain` is pricing: no exploration discount
 
     # -- request lifecycle ----------------------------------------------------------------
     def add(self, slot: int, mode: int = GREEDY) -> None:
@@ -207,7 +207,7 @@ class AdaptivePolicy:
     # -- decisions --------------------------------------------------------------------------
     @property
     def exploring(self) -> bool:
-        return self.explore_every > 0 and self.steps % self.explore_every == 0
+        return self.explore_every > 0 and self.steps % self.explore_every == 0 and not self._judging
 
     def plan_drafts(self, slots: Sequence[int], draftable: np.ndarray | None = None) -> DraftPlan:
         """The requests to draft this step and the draft block, by each request's recent
@@ -261,13 +261,12 @@ class AdaptivePolicy:
 
     def drafts_may_pay(self, n: int) -> bool:
         """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
-        a drafted allocation at `admit_ratio` x the plain rate or better (yes until `admit_evidence`
-        first drafts were read, `Calibrator.drafts_seen`: 32, so that one request's answer decides;
-        at 64 verified ones, a single prompt of 128 tokens left the first batch of 8 admitted on no
-        evidence, docs/adaptive.md 2026-12-04). Where not, the worker gives a joining request no drafter
-        context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where
-        enough steps with context ran at this load (256 request-steps), what they realized decides
-        instead (`context_lost`)."""
+        a drafted allocation at `admit_ratio` x the plain rate or better; yes until `admit_evidence`
+        first drafts were read (`Calibrator.drafts_seen`; at 64 verified ones, one prompt of 128
+        tokens left the first batch of 8 admitted on none). Where not, a joining request gets no
+        drafter context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th.
+        Where 256 request-steps with context ran at this load, what they realized decides instead
+        (`context_lost`)."""
         if self.realized.context_gain(n) is not None:
             return not self.context_lost(n)
         if self.calibrator.drafts_seen(GREEDY) < self.admit_evidence:
@@ -279,11 +278,17 @@ class AdaptivePolicy:
         acceptance (`Calibrator.typical_means`, greedy), over the plain step's."""
         gains = np.tile(np.cumprod(self.calibrator.typical_means(GREEDY)), (n, 1))
         candidates, best = allocations(gains), 0.0
-        for b in self.blocks:
-            draft_cost = self.draft_cost(n, b)
-            for a in (a for a in candidates if a.cap < 2 * b):
-                best = max(best, (n + a.gain) / (draft_cost + self.shape_cost(a.shape)))
-        return best / (n / self.step_cost(np.ones(n, np.int64)))
+        # Costs as predicted, not as an exploring step sees them (one admission in 8 fell on one:
+        # a batch of 8 was let in at 1.32 for 0.93).
+        self._judging = True
+        try:
+            for b in self.blocks:
+                draft_cost = self.draft_cost(n, b)
+                for a in (a for a in candidates if a.cap < 2 * b):
+                    best = max(best, (n + a.gain) / (draft_cost + self.shape_cost(a.shape)))
+            return best / (n / self.step_cost(np.ones(n, np.int64)))
+        finally:
+            self._judging = False
 
     def context_lost(self, n: int) -> bool:
         """Whether steps with drafter context at n requests realized less than context costs

@@ -688,6 +688,29 @@ def test_startup_readings_decide_a_load_not_served_yet():
     assert read.cost.draft(8, 4) == pytest.approx(0.053 / 0.047 * 0.0134)
 
 
+def test_admission_prices_without_the_exploration_discount():
+    """An exploring step sees shapes not measured lately at 0.7x (so that they get tried); the
+    admission of a joining request must not: one admission in 8 fell on such a step."""
+    policy = AdaptivePolicy(num_drafts=3, explore_every=8)
+    outcomes = np.tile([1.0, 1.0, 0.0], (100, 1))
+    policy.calibrator.observe(np.zeros(100, np.int64), None, outcomes, np.ones((100, 3), bool))
+    for _ in range(3):
+        policy.cost.observe((8, 8, 1), 0.035, 0, 0.0, 0.0)
+    policy.cost.compiled_verify.update({(8, 16, 2), (8, 32, 4)})
+    policy.cost.compiled_draft.update({(8, 2), (8, 4)})
+    policy.cost.startup_reading("verify", (8, 16, 2), 0.070)
+    policy.cost.startup_reading("verify", (8, 32, 4), 0.095)
+    policy.cost.startup_reading("draft", (8, 2), 0.012)
+    policy.cost.startup_reading("draft", (8, 4), 0.015)
+    policy.steps = 1
+    assert not policy.exploring
+    judged = policy.typical_gain(8)
+    policy.steps = 8
+    assert policy.exploring and policy.shape_cost((8, 32, 4)) < policy.cost.verify((8, 32, 4))  # the discount
+    assert policy.typical_gain(8) == pytest.approx(judged) and judged < policy.admit_ratio  # 0.95 (seen: 1.35)
+    assert not policy.drafts_may_pay(8) and policy.exploring
+
+
 def _drafting_policy() -> AdaptivePolicy:
     """4 requests whose drafts usually pass, with costs measured so that drafting is predicted to
     pay (a plain step 0.1 s for 4 tokens; a draft and a verify of one draft each 0.12 s for ~7.6)."""
