@@ -137,9 +137,9 @@ class CostModel:
     def startup_reading(self, name: str, key: tuple, seconds: float) -> None:
         """A program timed before serving (the startup sweep; "verify": a shape, "draft": (batch
         bucket, block)). It prices the program until a step runs it, as a ratio: the sweep runs on
-        an idle machine with dummy sequences sharing their pages, and its readings ran 6-50% under
-        serving's (docs/adaptive.md); taken as they are, the policy drafted on them (2026-11-29,
-        late night). So a reading is scaled by what served programs read over their own startup
+        an idle machine with dummy sequences sharing their pages, and serving read its programs at
+        0.8-1.3x their readings (docs/adaptive.md 2026-12-04); taken as measurements, such readings
+        had the policy drafting on them (2026-11-29, late night). So a reading is scaled by what served programs read over their own startup
         readings (`_startup_scale`). Not a measurement: no step, age or speed."""
         self.startup[(name, key)] = seconds
         self._memo.clear()
