@@ -56,15 +56,19 @@ def run_batches(engines: dict, prompts: list[list[int]], batch_sizes: list[int],
     the engines taking scheduler steps in turn (`bench_concurrency.serve`: a host whose speed
     drifts within a minute slows both alike; timing whole calls one after the other read the
     same engine's batch-32 decode step at 120-250 ms from one call to the next). The engine
-    stepping first rotates call by call. One row per call: {"batch", "repeat", "results":
-    {engine: batch_result(...) + "exact"}}."""
+    stepping first rotates by batch size and repeat, so that each batch size has each engine
+    first in turn (stepping first costs: 0.95-0.97 against 1.00-1.01, docs/adaptive.md
+    2026-12-03; rotating call by call, three engines over three batch sizes had the same engine
+    first at every batch size, 2026-12-04). One row per call: {"batch", "repeat", "first",
+    "results": {engine: batch_result(...) + "exact"}}."""
     names, rows, cursor = list(engines), [], 0
     plan = [(r, b) for r in range(repeats) for b in batch_sizes]
     if sum(b for _, b in plan) > len(prompts):
         raise ValueError(f"{sum(b for _, b in plan)} prompts needed ({repeats} x {batch_sizes}), {len(prompts)} given")
-    for call, (repeat, size) in enumerate(plan):
+    for repeat, index in ((r, i) for r in range(repeats) for i in range(len(batch_sizes))):
+        size = batch_sizes[index]
         batch, cursor = prompts[cursor : cursor + size], cursor + size
-        first = call % len(names)
+        first = (index + repeat) % len(names)
         turn = {name: engines[name] for name in names[first:] + names[:first]}
         served = serve(turn, batch, concurrency=size, max_new_tokens=max_new_tokens)
         results = {name: batch_result(served[name]) for name in names}

@@ -39,7 +39,7 @@ def test_batches_are_new_prompts_in_turn_and_exact(none_engine, adaptive_engine,
     monkeypatch.undo()
 
     assert [(r["batch"], r["repeat"], r["first"]) for r in rows] == [
-        (1, 0, "NONE"), (3, 0, "adaptive"), (1, 1, "NONE"), (3, 1, "adaptive")]  # who steps first rotates
+        (1, 0, "NONE"), (3, 0, "adaptive"), (1, 1, "adaptive"), (3, 1, "NONE")]  # each size has each engine first
     for name in engines:  # each call queues the whole batch of new prompts
         assert [ids for n, ids in queued if n == name] == prompts[:8]
     assert stepped[:2] == ["NONE", "adaptive"] and "NONE" in stepped[-4:]  # the engines step in turn
