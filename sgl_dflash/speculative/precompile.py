@@ -106,13 +106,12 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
             drafts = set(all_drafts)
             for shape in shapes:
                 lens = _lens_for(*shape, block)
+                seqs = [SeqInput([0] * int(n), context, pages, "all") for n in lens]
                 start = time.perf_counter()
-                out = runner.verify([SeqInput([0] * int(n), context, pages, "all") for n in lens],
-                                    block_size=max(2, shape[2]))
+                out = runner.verify(seqs, block_size=max(2, shape[2]))
                 policy.cost.observe_compile(time.perf_counter() - start)  # what a compile costs here
                 if timed:
-                    _time(worker, "verify", shape, lambda: runner.verify(
-                        [SeqInput([0] * int(n), context, pages, "all") for n in lens], block_size=max(2, shape[2])).features)
+                    _time(worker, "verify", shape, lambda: runner.verify(seqs, block_size=max(2, shape[2])).features)
                 ids = [(_SWEEP_ID, i) for i in range(len(lens))]
                 first_of_bucket = any((shape[0], b) in drafts for b in policy.blocks)
                 windows = _commit_and_draft(worker, ids, features, out.features, flush_and_draft=first_of_bucket,
@@ -176,7 +175,7 @@ def _commit_and_draft(worker: Any, ids: list, context_features: np.ndarray, veri
                       flush_and_draft: bool, timed: bool = False) -> list[int]:
     """Adds `ids` with `context_features`, commits the verify step's features (a plain step); with
     `flush_and_draft`, also the plain steps in a row that end in a flush of the pending rows, and a
-    draft of every block (`timed`: each draft once more, timed for the cost model); then releases
+    draft of every block (`timed`: each draft 3 more times, timed for the cost model); then releases
     them. Returns the drafter windows drafted at."""
     proposer = worker.proposer
     for seq_id in ids:

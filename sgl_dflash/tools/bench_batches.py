@@ -65,8 +65,7 @@ def run_batches(engines: dict, prompts: list[list[int]], batch_sizes: list[int],
     plan = [(r, b) for r in range(repeats) for b in batch_sizes]
     if sum(b for _, b in plan) > len(prompts):
         raise ValueError(f"{sum(b for _, b in plan)} prompts needed ({repeats} x {batch_sizes}), {len(prompts)} given")
-    for repeat, index in ((r, i) for r in range(repeats) for i in range(len(batch_sizes))):
-        size = batch_sizes[index]
+    for repeat, (index, size) in ((r, b) for r in range(repeats) for b in enumerate(batch_sizes)):
         batch, cursor = prompts[cursor : cursor + size], cursor + size
         first = (index + repeat) % len(names)
         turn = {name: engines[name] for name in names[first:] + names[:first]}
