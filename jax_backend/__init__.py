@@ -1,9 +1,5 @@
 """Target model side of sgl-dflash: pure JAX models over a paged KV cache (no torch)."""
 
-from jax_backend.host_memory import keep_freed_memory
-
-keep_freed_memory()  # opt-in; before JAX starts its CPU client's threads (host_memory)
-
 from jax_backend import sampling
 from jax_backend.batch import Batch, BatchError, BatchLayout, SeqInput, build_batch
 from jax_backend.config import CheckpointError, RopeScaling, TargetConfig

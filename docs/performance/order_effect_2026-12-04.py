@@ -3,7 +3,6 @@
 an idle second; the first prefill's time over the second's per round, and each one's page faults.
 
     MODE=decode_both_sleep python docs/performance/order_effect_2026-12-04.py
-    MODE=decode_both_sleep SGL_DFLASH_KEEP_FREED_MEMORY=1 python docs/performance/order_effect_2026-12-04.py
 
 MODE contains any of: decode (10 decode steps; "both": by both runners, else by A only), sleep
 (1 s idle), spin (1 s busy); "none": prefills back to back.
