@@ -70,6 +70,53 @@ inline v16 sums16(const v16* acc) {
   return fold(v[0], v[1], 3);
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#define SGL_DFLASH_AVX2_HALVES 1  // AVX2 epilogue and tiles over one half of the lanes at a time
+
+// sums16's tree for 8 outputs whose lanes 0-7 are lo[o] and 8-15 hi[o], with AVX2's in-lane
+// shuffles: the same pairs added in the same order (i + 8, + 4, + 2, + 1), so the same bits, where
+// GCC's generic 64-byte shuffles cost more than the tiles' products at K = 576 (docs/performance.md
+// section 37).
+inline __m256 sums8(const __m256* lo, const __m256* hi) {
+  __m256 s[8], t[4];
+  for (int o = 0; o < 8; ++o) s[o] = _mm256_add_ps(lo[o], hi[o]);  // lane i + lane i + 8
+  for (int j = 0; j < 4; ++j)  // i + 4: outputs 2j and 2j + 1 side by side
+    t[j] = _mm256_add_ps(_mm256_permute2f128_ps(s[2 * j], s[2 * j + 1], 0x20),
+                         _mm256_permute2f128_ps(s[2 * j], s[2 * j + 1], 0x31));
+  // i + 2, then i + 1; the 128-bit halves then hold outputs 0, 2, 4, 6 and 1, 3, 5, 7
+  const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  const __m256 v = _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xDD));
+  return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
+// out[i] = the 16-lane sum of accumulator i < N, whose lanes are acc[i * kParts + part], folded by
+// sums16's tree (whatever the vector width, the same bits).
+template <int N>
+inline void lane_sums(const vn* acc, float* out) {
+#ifdef SGL_DFLASH_AVX2_HALVES
+  for (int g = 0; g < N; g += 8) {
+    __m256 lo[8], hi[8];
+    for (int i = 0; i < 8; ++i) {
+      lo[i] = g + i < N ? (__m256)acc[(g + i) * 2] : _mm256_setzero_ps();
+      hi[i] = g + i < N ? (__m256)acc[(g + i) * 2 + 1] : _mm256_setzero_ps();
+    }
+    float s[8];
+    _mm256_storeu_ps(s, sums8(lo, hi));
+    for (int i = g; i < std::min(N, g + 8); ++i) out[i] = s[i - g];
+  }
+#else
+  constexpr int kAcc = (N + 15) / 16 * 16;
+  v16 all[kAcc] = {};
+  for (int i = 0; i < N; ++i) std::memcpy(&all[i], &acc[i * kParts], sizeof(v16));
+  float s[kAcc];
+  for (int i = 0; i < kAcc; i += 16) store(s + i, sums16(all + i));
+  std::memcpy(out, s, N * sizeof(float));
+#endif
+}
+
 // body(u) for every unit u in [0, units), on the calling thread and up to num_threads - 1 helpers
 // of XLA's pool, each with its own copy of `body` (its scratch); returns when every unit is done.
 // The caller waits only for helpers that started: one that starts late finds no unit left and

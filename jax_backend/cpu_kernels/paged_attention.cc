@@ -178,12 +178,14 @@ void attend_one(const Problem& p, int64_t s, int64_t h, Scratch& w) {
 
 // Scores out[r][t0 + n] = q[r] . k[n] of RB query rows and NB keys (16 * DV floats each). The
 // accumulators are machine vectors (common.h): lane j sums d = j, j + 16, .. whatever their width.
+// With AVX2 the two halves of the lanes are taken in turn (the outer loop), so only RB x NB
+// accumulators are live at a time and the tile can be 3 x 4 (docs/performance.md section 37).
 template <int DV, int RB, int NB>
 inline void score_tile(const float* const* q, const float* const* k, float* const* out, int64_t t0) {
   vn acc[RB * NB * kParts];  // (r, n)'s lanes are acc[(r * NB + n) * kParts + part]
   for (int i = 0; i < RB * NB * kParts; ++i) acc[i] = vn{};
-  for (int d = 0; d < DV; ++d)
-    for (int part = 0; part < kParts; ++part) {
+  for (int part = 0; part < kParts; ++part)
+    for (int d = 0; d < DV; ++d) {
       const int64_t at = 16 * d + part * kLanes;
       vn kv[NB];
       for (int n = 0; n < NB; ++n) kv[n] = load_n(k[n] + at);
@@ -192,11 +194,8 @@ inline void score_tile(const float* const* q, const float* const* k, float* cons
         for (int n = 0; n < NB; ++n) acc[(r * NB + n) * kParts + part] += qv * kv[n];
       }
     }
-  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
-  v16 all[kAcc] = {};
-  for (int i = 0; i < RB * NB; ++i) std::memcpy(&all[i], &acc[i * kParts], sizeof(v16));
-  float sums[kAcc];
-  for (int i = 0; i < kAcc; i += 16) store(sums + i, sums16(all + i));
+  float sums[RB * NB];
+  lane_sums<RB * NB>(acc, sums);
   for (int r = 0; r < RB; ++r)
     for (int n = 0; n < NB; ++n) out[r][t0 + n] = sums[r * NB + n];
 }
@@ -224,8 +223,10 @@ inline void value_tile(const float* const* p, const float* const* v, int64_t n, 
   }
 }
 
-// AVX-512: 24 accumulators of 3 rows x 8 keys; AVX2: 3 x 2 keys x two halves (12 of 16 registers).
-constexpr int kScoreRows = 3, kScoreKeys = kAvx512 ? 8 : 2;
+// AVX-512: 24 accumulators of 3 rows x 8 keys; AVX2: 3 x 4 keys, one half of the lanes at a time
+// (12 of 16 registers). Keys per tile divide kKeyBlock.
+constexpr int kScoreRows = 3, kScoreKeys = kAvx512 ? 8 : 4;
+static_assert(kKeyBlock % kScoreKeys == 0);
 
 // The query rows of one (sequence, kv head) for the tiled path: their pointers padded to whole
 // tiles (padding rows read row 0, write scratch), and the softmax state they update.

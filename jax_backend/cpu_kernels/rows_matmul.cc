@@ -4,7 +4,7 @@
 // YNNPACK's kernels, which read weights from memory at 4-10 GB/s: every decode and verify step's
 // dots were bound by them (docs/performance.md sections 23-24, 29). This kernel streams each weight
 // row once from memory (prefetching the next tile while it computes this one) and keeps a tile of
-// rows x outputs in vector registers (4 x 6 or 8 x 3 with AVX-512, 3 x 2 with AVX2), so the rows it
+// rows x outputs in vector registers (4 x 6 or 8 x 3 with AVX-512, 4 x 3 with AVX2), so the rows it
 // reuses come from L1.
 //
 // Inputs: x [R, K] f32, w [L, N, K] f32 (out-major weights, a layer stack or one layer as L = 1),
@@ -32,26 +32,29 @@ namespace {
 // 13-16 rows (a verify block of 16, two of 8) 6 x 4 tiles (with weights from memory 0.73-0.85 of
 // 4 x 6's time; at 9-12 rows 1.07-1.29, section 31c); other rows 4 x 6 (24 accumulators + 6 weight
 // vectors; against 3 x 8 tiles at 16 rows and batch-32 decode 0.78-0.94, section 30).
-// AVX2 (16 registers of 8 floats, two per output): 1 x 4, and 3 x 2 for any other number of rows
-// (section 31).
+// AVX2 (16 registers of 8 floats): 1 x 6 (two registers per output), and 4 x 3 tiles taking the
+// two halves of their lanes in turn (12 accumulators) for any other number of rows: 1.5-1.7x the
+// 3 x 2 tiles of both halves at once at 16-64 rows (section 37).
 #ifndef TILE  // rows, outputs, outputs of a one-row tile (a build flag for tile experiments)
-#define TILE (kAvx512 ? 4 : 3), (kAvx512 ? 6 : 2), (kAvx512 ? 8 : 4)
+#define TILE 4, (kAvx512 ? 6 : 3), (kAvx512 ? 8 : 6)
 #endif
 constexpr int kTile[3] = {TILE};
 constexpr int kRows = kTile[0], kOutputs = kTile[1], kRowOutputs = kTile[2];
 constexpr int kFewRows = 8, kFewOutputs = 3;  // with AVX-512, 2..kFewRows rows: one block of these tiles
 constexpr int kMidFirst = 13, kMidLast = 16, kMidTile = 6, kMidOutputs = 4;  // AVX-512, 13..16 rows
 
-// y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs. `next` (the next tile's weights, or
-// null) is prefetched while this one computes, spread over the tile's `blocks` row blocks: this
-// one (`block`) takes every blocks-th cache line of each weight row. Prefetching the whole next
-// tile in the first row block's steps queued more misses than the core keeps in flight.
-// Lane j of output (r, n) sums k = j, j + 16, .. in order, whatever the vector width.
-template <int RB, int NB>
-void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, const float* next, int64_t block,
-          int64_t blocks) {
-  vn acc[RB * NB * kParts];  // output (r, n)'s lanes are acc[(r * NB + n) * kParts + part]
-  for (int i = 0; i < RB * NB * kParts; ++i) acc[i] = vn{};
+// Lanes [part0 * kLanes, (part0 + NP) * kLanes) of the 16-lane sums of a tile of RB rows and NB
+// outputs: out[(r * NB + n) * NP + p] += part0 + p's lanes of x[r, :] * w[n, :], over every k in
+// order (the last K % 16 columns zero-padded: zeros add nothing to any lane). `next` (the next
+// tile's weights, or null) is prefetched while this one computes, spread over the tile's `blocks`
+// row blocks: this one (`block`) takes every blocks-th cache line of each weight row. Prefetching
+// the whole next tile in the first row block's steps queued more misses than the core keeps in
+// flight.
+template <int RB, int NB, int NP>
+inline void accumulate(const float* x, const float* w, int64_t k_dim, int part0, vn* out, const float* next,
+                       int64_t block, int64_t blocks) {
+  vn acc[RB * NB * NP];
+  for (int i = 0; i < RB * NB * NP; ++i) acc[i] = vn{};
   const int64_t k16 = k_dim & ~int64_t{15};
   // Cache line k / 16 of the next tile is this block's to prefetch when (k / 16) % blocks == block.
   const int64_t first = next ? 16 * block : k16, stride = 16 * blocks;
@@ -60,30 +63,48 @@ void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, 
       for (int n = 0; n < NB; ++n) __builtin_prefetch(next + n * k_dim + k, 0, 3);
       fetch += stride;
     }
-    for (int part = 0; part < kParts; ++part) {
+    for (int p = 0; p < NP; ++p) {
+      const int64_t at = k + (part0 + p) * kLanes;
       vn wv[NB];
-      for (int n = 0; n < NB; ++n) wv[n] = load_n(w + n * k_dim + k + part * kLanes);
+      for (int n = 0; n < NB; ++n) wv[n] = load_n(w + n * k_dim + at);
       for (int r = 0; r < RB; ++r) {
-        const vn xv = load_n(x + r * k_dim + k + part * kLanes);
-        for (int n = 0; n < NB; ++n) acc[(r * NB + n) * kParts + part] += xv * wv[n];
+        const vn xv = load_n(x + r * k_dim + at);
+        for (int n = 0; n < NB; ++n) acc[(r * NB + n) * NP + p] += xv * wv[n];
       }
     }
   }
-  constexpr int kAcc = (RB * NB + 15) / 16 * 16;
-  v16 all[kAcc] = {};
-  for (int i = 0; i < RB * NB; ++i) std::memcpy(&all[i], &acc[i * kParts], sizeof(v16));
-  if (k16 < k_dim) {  // the last K % 16 columns, zero-padded (zeros add nothing to any lane)
+  if (k16 < k_dim) {
     float wt[NB][16] = {}, xt[RB][16] = {};
     for (int n = 0; n < NB; ++n) std::memcpy(wt[n], w + n * k_dim + k16, (k_dim - k16) * sizeof(float));
     for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * k_dim + k16, (k_dim - k16) * sizeof(float));
     for (int r = 0; r < RB; ++r)
-      for (int n = 0; n < NB; ++n) all[r * NB + n] += load(xt[r]) * load(wt[n]);
+      for (int n = 0; n < NB; ++n)
+        for (int p = 0; p < NP; ++p)
+          acc[(r * NB + n) * NP + p] += load_n(xt[r] + (part0 + p) * kLanes) * load_n(wt[n] + (part0 + p) * kLanes);
   }
-  float s[kAcc];
-  for (int i = 0; i < kAcc; i += 16) {
-    const v16 sums = sums16(all + i);
-    std::memcpy(s + i, &sums, sizeof(sums));
+  for (int i = 0; i < RB * NB * NP; ++i) out[i] = acc[i];
+}
+
+// y[r, n] = x[r, :] . w[n, :] for RB rows and NB outputs; lane j of output (r, n) sums k = j,
+// j + 16, .. in order, whatever the vector width. With AVX2 a tile of more than one row takes one
+// half of the lanes after the other: RB x NB accumulators of 8 lanes instead of
+// RB x NB x 2, so its tiles can be twice as large (4 x 3 rather than 3 x 2: 7 loads per 12 FMAs
+// rather than 5 per 6), the second pass reading the tile's weights from cache.
+template <int RB, int NB>
+void tile(const float* x, const float* w, int64_t k_dim, float* y, int64_t ldy, const float* next, int64_t block,
+          int64_t blocks) {
+  vn acc[RB * NB * kParts];  // output (r, n)'s lanes are acc[(r * NB + n) * kParts + part]
+  if constexpr (kParts == 2 && RB > 1) {
+    vn half[RB * NB];
+    for (int part = 0; part < 2; ++part) {
+      accumulate<RB, NB, 1>(x, w, k_dim, part, half, part ? nullptr : next, block, blocks);
+      for (int i = 0; i < RB * NB; ++i) acc[i * 2 + part] = half[i];
+    }
+  } else {
+    accumulate<RB, NB, kParts>(x, w, k_dim, 0, acc, next, block, blocks);
   }
+  float s[RB * NB];
+  lane_sums<RB * NB>(acc, s);
   for (int r = 0; r < RB; ++r)
     for (int n = 0; n < NB; ++n) y[r * ldy + n] = s[r * NB + n];
 }
