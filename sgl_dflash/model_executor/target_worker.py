@@ -87,7 +87,8 @@ class TargetWorker:
         out = self.runner.sample([
             SeqInput(ids, start, table, "last")
             for ids, start, table in zip(batch.input_ids, batch.prefix_lens, batch.page_tables)
-        ], info.temperatures, info.top_ps, info.top_ks, None if info.is_all_greedy else self.next_key())
+        ], info.temperatures, info.top_ps, info.top_ks, None if info.is_all_greedy else self.next_key(),
+            features=self.record_aux)  # (an adaptive worker's steps without drafter context read none)
         tokens = out.tokens
         n = len(batch.slots)
         return GenerationBatchResult(tokens.reshape(n, 1), np.ones(n, np.int32),

@@ -115,6 +115,24 @@ def test_long_prefix_steps_visit_only_the_chunks_they_need_and_match_transformer
         np.testing.assert_allclose(every, stopped, atol=1e-6, rtol=0)
 
 
+def test_sample_without_features_computes_none(runner, monkeypatch):
+    """`sample(features=False)` (a step whose caller reads only tokens: an adaptive worker's
+    requests without drafter context): the same tokens, no features, and the features' program
+    never runs (it cost ~1 ms of a 60 ms step at 8 sequences, docs/adaptive.md 2026-12-05)."""
+    prompts = [_ids(43, 11), _ids(44, 6)]
+    tables = [runner.allocator.allocate(10 + i, len(p) + 1) for i, p in enumerate(prompts)]
+    runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    seqs = [SeqInput([9 + i], len(p), t) for i, (p, t) in enumerate(zip(prompts, tables))]
+    greedy = ([0.0] * 2, [1.0] * 2, [0] * 2)
+    host = runner.sample(seqs, *greedy)
+    assert len(host.features) == 2
+    monkeypatch.setattr(runner, "hidden_state_features", lambda aux: pytest.fail("features computed"))
+    bare = runner.sample(seqs, *greedy, features=False)  # rewrites the same K/V slots
+    assert bare.tokens.tolist() == host.tokens.tolist() and bare.features == ()
+    for i in range(2):
+        runner.allocator.free(10 + i)
+
+
 def test_sample_can_leave_the_drafter_features_on_the_device(runner, hf, monkeypatch):
     """`sample(device_features=True)`: the same tokens, and the features of every sequence's
     token as rows of one device array (padding rows after them), equal to the host ones."""

@@ -140,8 +140,17 @@ def test_requests_join_without_drafter_context_where_drafts_do_not_pay(adaptive_
     monkeypatch.setattr(worker.proposer, "add", _counting(worker.proposer.add, added, "add"))
     for name in programs:
         monkeypatch.setattr(worker.runner, name, _counting(getattr(worker.runner, name), programs, name))
+    features = []  # what NONE's steps (waited for) asked of `sample`: no request reads features there
+
+    def sample(*args, sample=worker.runner.sample, **kwargs):
+        if kwargs.get("wait", True):
+            features.append(kwargs.get("features", True))
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(worker.runner, "sample", sample)
     log = watch_steps(adaptive_engine, monkeypatch)
     outs = greedy_equals_none(adaptive_engine, none_engine, seed=7, count=20, max_new_tokens=40)
+    assert features and not any(features)
     assert added["add"] == 1 and log["checks"] > 0  # the 16th of 20: its drafter kept in lockstep
     assert loads and min(loads) >= 1  # asked once per prefill, with the load after it
     assert programs["verify"] > 0 and programs["sample"] > 0  # it was drafted; the others ran plain
