@@ -117,8 +117,9 @@ def test_long_prefix_steps_visit_only_the_chunks_they_need_and_match_transformer
 
 def test_sample_without_features_computes_none(runner, monkeypatch):
     """`sample(features=False)` (a step whose caller reads only tokens: an adaptive worker's
-    requests without drafter context): the same tokens, no features, and the features' program
-    never runs (it cost ~1 ms of a 60 ms step at 8 sequences, docs/adaptive.md 2026-12-05)."""
+    requests without drafter context): the same tokens, no features, the features' program never
+    runs (~1 ms of a 60 ms step at 8 sequences) and the step captures no aux layers (NONE's
+    program: capturing them cost ~2% of a decode step, docs/adaptive.md 2026-12-05)."""
     prompts = [_ids(43, 11), _ids(44, 6)]
     tables = [runner.allocator.allocate(10 + i, len(p) + 1) for i, p in enumerate(prompts)]
     runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
@@ -129,6 +130,11 @@ def test_sample_without_features_computes_none(runner, monkeypatch):
     monkeypatch.setattr(runner, "hidden_state_features", lambda aux: pytest.fail("features computed"))
     bare = runner.sample(seqs, *greedy, features=False)  # rewrites the same K/V slots
     assert bare.tokens.tolist() == host.tokens.tolist() and bare.features == ()
+    batch, _ = runner._batch(seqs)
+    arrays = sampling.per_row_params(batch.logits_indices.shape[0], 1, *greedy)
+    widths = {program: runner._sample_steps[program].lower(runner._step_params, runner.kv_pool, batch, *arrays, None)
+              .out_info[1].shape[-1] for program in ("greedy", "greedy without aux")}
+    assert widths == {"greedy": len(runner.aux_layer_ids) * runner.config.hidden_size, "greedy without aux": 0}
     for i in range(2):
         runner.allocator.free(10 + i)
 
