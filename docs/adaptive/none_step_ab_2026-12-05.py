@@ -1,12 +1,16 @@
-"""The adaptive engine's steps without drafter context, with and without the aux layers captured
-(docs/adaptive.md 2026-12-05, afternoon): NONE and an adaptive engine admitting no context serve the
-same MT-Bench batch (greedy, 64 new tokens), stepping in turn, who steps first alternating each
-pass; passes 0-1, 4-5 run the adaptive engine's steps in the sampling program that captures the
-drafter's aux layers (before the change; no features computed), 2-3, 6-7 in NONE's program (the
-change). Per pass: decode tokens/s ratio of the full steps, median scheduler step and worker ms,
-the layer loops each engine ran, the tuner's readings. One JSON line per pass.
+"""The adaptive engine's steps without drafter context against NONE's (docs/adaptive.md 2026-12-05):
+NONE and an adaptive engine admitting no context serve the same MT-Bench batch (greedy, 64 new
+tokens), stepping in turn, who steps first alternating each pass. Passes 0-1, 4-5 run the adaptive
+engine's steps as before a change, 2-3, 6-7 as the code runs now. VARIANT names the change:
+  features  before: the sample steps compute the drafter's features (6cfae2b; from 5d5c5b0 on, the
+            "now" passes also skip the aux layers' capture)
+  aux       before: the steps without features run the program that captures the aux layers
+            (5d5c5b0)
+Per pass: decode tokens/s ratio of the full steps, median scheduler step and worker ms, the layer
+loops each engine ran, the tuner's readings. One JSON line per pass.
 
-    python docs/adaptive/none_step_aux_ab_2026-12-05.py 1,8,32 8 > OUT.jsonl
+    python docs/adaptive/none_step_ab_2026-12-05.py features 8,32 8 > none_step_features_ab_2026-12-05.jsonl
+    python docs/adaptive/none_step_ab_2026-12-05.py aux 1,8,32 8 > none_step_aux_ab_2026-12-05.jsonl
 """
 import json, statistics, sys, time
 from sgl_dflash import tools
@@ -18,7 +22,8 @@ from sgl_dflash.tools.demo import DEFAULT_DRAFTER, use_compilation_cache
 from sgl_dflash.tools.train.regenerate import chat_prompt_ids
 
 use_compilation_cache(tools.CACHE_DIR / "jax_compilation_cache")
-CS, passes = [int(c) for c in sys.argv[1].split(',')], int(sys.argv[2])
+variant, CS, passes = sys.argv[1], [int(c) for c in sys.argv[2].split(',')], int(sys.argv[3])
+assert variant in ("features", "aux"), variant
 model = str(model_import.ensure_default_model())
 engines = {"NONE": Engine(model_path=model, random_seed=0),
            "adaptive": Engine(model_path=model, random_seed=0, speculative_algorithm="DFLASH",
@@ -57,16 +62,26 @@ texts, _ = take_prompts("mt-bench", max(CS))
 allprompts = [chat_prompt_ids(engines["NONE"].tokenizer, t) for t in texts]
 arunner = engines["adaptive"].scheduler.worker.runner
 orig_jitted, orig_run, state = arunner._jitted, arunner._run, {"old": False}
-def old_name(program):  # before the change: the steps without features ran the aux-capturing program
-    return program + " old" if state["old"] and program.endswith("without aux") else program
-arunner._jitted = lambda cache, program, body, aux=True, **st: orig_jitted(
-    cache, old_name(program), body, aux=aux or old_name(program) != program, **st)
-arunner._run = lambda fn, kind, batch, program, *a, **k: orig_run(fn, kind, batch, old_name(program), *a, **k)
+def is_old(program):  # "aux", before: the steps without features ran the aux-capturing program
+    return state["old"] and variant == "aux" and program.endswith(" without aux")
+def jitted(cache, program, body, **st):
+    if not is_old(program):
+        return orig_jitted(cache, program, body, **st)
+    if program + " old" not in cache:
+        cache[program + " old"] = orig_jitted({}, program.removesuffix(" without aux"), body, **st)
+    return cache[program + " old"]
+arunner._jitted = jitted
+arunner._run = lambda fn, kind, batch, program, *a, **k: orig_run(
+    fn, kind, batch, program + " old" if is_old(program) else program, *a, **k)
 for C, p in [(c, p) for c in CS for p in range(passes)]:
     prompts = allprompts[:C]
     for v in parts.values(): v.clear()
     patched = (p // 2) % 2 == 1
     state["old"] = not patched
+    if variant == "features" and not patched:  # before: every sample step computes features
+        arunner.sample = lambda *a, _s=type(arunner).sample, **k: _s(arunner, *a, **{**k, "features": True})
+    else:
+        arunner.__dict__.pop("sample", None)
     names = ["NONE", "adaptive"] if p % 2 == 0 else ["adaptive", "NONE"]
     served = serve({n: engines[n] for n in names}, prompts, concurrency=C, max_new_tokens=64)
     rate = {n: v["full_decode_tokens"] / max(v["full_decode_seconds"], 1e-9) for n, v in served.items()}
