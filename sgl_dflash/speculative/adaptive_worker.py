@@ -43,7 +43,9 @@ logger = logging.getLogger(__name__)
 
 # Where drafts do not pay, every 64th request still gets drafter context, so that the policy
 # keeps measuring drafts at that load. Not more often: while one request has context, every step
-# of its batch runs the drafting path (plan, commit, learning), ~2% dearer than NONE's at 8.
+# of its batch runs the drafting path (plan, commit, learning), ~2% dearer than NONE's at 8; and
+# not for long: like any request, it loses context once its own steps with it realized less than
+# context costs (`RealizedGains.spent`, after 32 of them).
 MEASURED_EVERY = 64
 # Verify shapes of up to this many sequences are timed in both layer loops (the rest run the scan).
 # At one request the scan made a verify step ~1.5x the plain step (which the tuner runs on the
@@ -70,9 +72,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self.policy = AdaptivePolicy(self.block_size - 1)
         self.admitted = 0  # requests prefilled
         self.measuring: set[int] = set()  # slots given context only to keep measuring (`MEASURED_EVERY`)
-        # The last drafted step's (n, tokens, seconds, a plain step's predicted seconds), handed to
-        # the policy's `realized` gains once the drafter's work it left behind is waited for.
-        self._drafted_step: tuple[int, int, float, float] | None = None
+        # The last drafted step's (n, tokens, seconds, a plain step's predicted seconds, drafted
+        # slot -> accepted, undrafted slots with context), handed to the policy's `realized` gains
+        # once the drafter's work it left behind is waited for.
+        self._drafted_step: tuple | None = None
         # The layer-loop tuner (jax_backend.layout_tuner) times both layouts of the verify shapes of
         # up to TUNED_VERIFY_SEQS sequences; larger ones keep the scan. Plain steps are NONE's
         # decode steps, tuned as NONE's are.
@@ -110,6 +113,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
     def release(self, slot: int) -> None:
         super().release(slot)
         self.policy.release(slot)
+
+    def _release_drafter(self, slot: int) -> None:
+        super()._release_drafter(slot)
+        self.policy.realized.forget(slot)
         self.measuring.discard(slot)
 
     def forward_decode(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
@@ -122,11 +129,13 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self._realize(self._wait_for_drafter())
         t0 = time.perf_counter()
         draftable = np.array([slot in self.drafting for slot in slots])
-        if draftable.any() and self.policy.context_lost(n):
+        if draftable.any():
             # What steps with drafter context realized at this load is below what context costs:
-            # these requests go on as NONE serves them, but those kept to measure it.
-            for slot in slots:
-                if slot not in self.measuring:
+            # these requests go on as NONE serves them, but those kept to measure it; and so does
+            # a request whose own steps with context realized less (`RealizedGains.spent`).
+            lost, realized = self.policy.context_lost(n), self.policy.realized
+            for slot in [slot for slot, d in zip(slots, draftable) if d]:
+                if (lost and slot not in self.measuring) or realized.spent(slot, self.policy.context_cost):
                     self._release_drafter(slot)
             draftable = np.array([slot in self.drafting for slot in slots])
         if not draftable.any():  # no request has drafter context: NONE's step
@@ -202,9 +211,12 @@ class AdaptiveDFlashWorker(DFlashWorker):
             self.policy.cost.observe(shape, t3 - t2, len(rows), t2 - t1, (t1 - t0) + (t4 - t3),
                                      draft_block=block)
             if len(rows):
-                self._drafted_step = (n, int(accepted.sum()) + n, t4 - t0, plain_seconds)
+                self._drafted_step = (n, int(accepted.sum()) + n, t4 - t0, plain_seconds,
+                                      {slots[i]: int(accepted[i]) for i in rows},
+                                      [s for s, d, r in zip(slots, draftable, drafted) if d and not r])
             else:
                 self.policy.realized.plain(n)
+                self.policy.realized.request_step(dict.fromkeys(context, 0.0))
         else:  # a step that compiled measures the compiler
             self.policy.cost.compiled(shape, len(rows), block, t4 - t0)
             self._check_program_room()
@@ -253,8 +265,12 @@ class AdaptiveDFlashWorker(DFlashWorker):
         """Hands the last drafted step to the policy's `realized` gains, with the `waited` seconds
         of its drafter work that ran on behind the scheduler."""
         if self._drafted_step is not None:
-            n, tokens, seconds, plain_seconds = self._drafted_step
-            self.policy.realized.drafted(n, tokens, seconds + waited, plain_seconds)
+            n, tokens, seconds, plain_seconds, accepted, undrafted = self._drafted_step
+            realized = self.policy.realized
+            realized.drafted(n, tokens, seconds + waited, plain_seconds)
+            gains = realized.request_gains(n, accepted, seconds + waited, plain_seconds) | dict.fromkeys(undrafted, 0.0)
+            # (a request released since has nothing more to read; its slot may be a new one's)
+            realized.request_step({slot: gain for slot, gain in gains.items() if slot in self.drafting})
             self._drafted_step = None
 
     def _wait_for_drafter(self) -> float:

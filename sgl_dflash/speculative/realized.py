@@ -16,6 +16,14 @@ read. Counted in request-steps, the evidence spans several requests at any load 
 128-token answers at one request, 64 steps at eight): at one request what a draft is worth is the
 prompt's (1.4x on a math prompt, 0.97x on a chat one), and one chat answer must not decide the next.
 
+Each request's own steps with context are read too (`request_step`): a drafted request's share of
+its step's gain (its accepted drafts, less its share of what the step cost beyond a plain one), 0
+on a step it drafted nothing. Once `min_request_steps` were read, a request whose mean is below
+what context costs (`spent`) goes on without context: at one request the load's evidence spans
+answers, and a chat answer whose drafts fail paid context and failed probes to its end (0.93-0.94x
+NONE on MT-Bench, docs/adaptive.md 2026-12-05 evening). It also bounds what a request given
+context only to keep measuring costs its batch.
+
 Evidence that context does not pay keeps requests at that load from drafting, so it would never be
 read again; once `expire_steps` steps ran there without context, it expires and the prediction
 decides again (512 steps: four 128-token answers at one request, four such batches at 32; each
@@ -39,9 +47,12 @@ class _Load:
 
 
 class RealizedGains:
-    def __init__(self, gain_rows: int = 512, min_gain_rows: int = 256, expire_steps: int = 512):
+    def __init__(self, gain_rows: int = 512, min_gain_rows: int = 256, expire_steps: int = 512,
+                 min_request_steps: int = 32):
         self.gain_rows, self.min_gain_rows, self.expire_steps = gain_rows, min_gain_rows, expire_steps
+        self.min_request_steps = min_request_steps
         self.loads: dict[int, _Load] = {}
+        self.requests: dict[int, list[float]] = {}  # slot -> [steps read, their gains summed]
 
     def _load(self, n: int) -> _Load:
         return self.loads.setdefault(bucket(n), _Load())
@@ -62,6 +73,30 @@ class RealizedGains:
     def plain(self, n: int) -> None:
         """A plain step of n requests with drafter context: it gained nothing."""
         self._read(n, 0.0)
+
+    @staticmethod
+    def request_gains(n: int, accepted: dict[int, int], seconds: float, plain_seconds: float) -> dict[int, float]:
+        """A drafted step's gain per drafted request (slot -> drafts it accepted): with p = plain
+        seconds / seconds, the step gained sum(a) p - n (1 - p) tokens over a plain step's n; each
+        drafted request gets a p less an equal share of n (1 - p). At one request: (a + 1) p - 1."""
+        p = plain_seconds / seconds
+        return {slot: a * p - n * (1 - p) / len(accepted) for slot, a in accepted.items()}
+
+    def request_step(self, gains: dict[int, float]) -> None:
+        """One measured step of requests with drafter context: slot -> its gain (0: undrafted)."""
+        for slot, gain in gains.items():
+            read = self.requests.setdefault(slot, [0, 0.0])
+            read[0] += 1
+            read[1] += gain
+
+    def spent(self, slot: int, cost: float) -> bool:
+        """Whether the request's own steps with context (`min_request_steps` of them at least)
+        realized less than `cost` (what context costs, a fraction of a step's tokens) on average."""
+        steps, total = self.requests.get(slot, (0, 0.0))
+        return steps >= self.min_request_steps and total < cost * steps
+
+    def forget(self, slot: int) -> None:
+        self.requests.pop(slot, None)
 
     def without_context(self, n: int) -> None:
         """A step of n requests none of which has drafter context; after `expire_steps` of them

@@ -32,7 +32,7 @@ def never_enough() -> RealizedGains:
     """Realized gains never read often enough to decide: admission goes by the prediction and no
     request loses its context (what this CPU's steps realize would decide otherwise;
     `test_steps_with_context_are_read_as_realized_gains` and test_adaptive_policy.py test them)."""
-    return RealizedGains(min_gain_rows=1 << 30)
+    return RealizedGains(min_gain_rows=1 << 30, min_request_steps=1 << 30)
 
 
 def random_lengths(engine, monkeypatch, seed=0, plain_steps=None):
@@ -249,7 +249,7 @@ def test_steps_with_context_are_read_as_realized_gains(adaptive_engine, none_eng
     one that gained nothing; the output stays NONE's."""
     worker = adaptive_engine.scheduler.worker
     flat_costs(adaptive_engine, monkeypatch)  # drafts pay: drafted steps happen
-    gains = RealizedGains(min_gain_rows=1 << 30)
+    gains = RealizedGains(min_gain_rows=1 << 30, min_request_steps=1 << 30)
     monkeypatch.setattr(worker.policy, "realized", gains)
     drafted, plain = [], []
     monkeypatch.setattr(gains, "drafted", lambda *reading: drafted.append(reading))
@@ -282,6 +282,25 @@ def test_requests_lose_drafter_context_where_it_realized_less_than_it_costs(adap
     outs = greedy_equals_none(adaptive_engine, none_engine, seed=12, count=6, max_new_tokens=30)
     assert sum(o["meta_info"]["spec_num_proposed_drafts"] > 0 for o in outs) == 1  # the 4th, measuring
     assert len(released) == 1 and not worker.drafting and not worker.measuring and not worker.proposer._seqs
+
+
+def test_a_request_whose_own_steps_with_context_gained_nothing_goes_on_without_it(adaptive_engine, none_engine,
+                                                                                  monkeypatch):
+    """A request whose own steps with drafter context realized less than context costs
+    (`RealizedGains.spent`: here 8 plain steps with context, which gain nothing) goes on as NONE
+    serves it, exactly: its drafter state is freed mid-answer and its later steps are NONE's."""
+    worker = adaptive_engine.scheduler.worker
+    monkeypatch.setattr(worker.policy, "realized", RealizedGains(min_gain_rows=1 << 30, min_request_steps=8))
+    monkeypatch.setattr(worker.policy, "plan_drafts", lambda slots, draftable: DraftPlan(np.zeros(len(slots), bool), 0))
+    released, kinds = [], []
+    monkeypatch.setattr(worker.proposer, "release", _logged(worker.proposer.release, released, "release"))
+    monkeypatch.setattr(worker, "_none_step", _logged(worker._none_step, kinds, "none"))
+    monkeypatch.setattr(worker, "_plain_step", _logged(worker._plain_step, kinds, "with context"))
+    outs = greedy_equals_none(adaptive_engine, none_engine, seed=13, count=4, max_new_tokens=30)
+    assert len(released) == 4 and not worker.drafting and not worker.policy.realized.requests
+    first_none = kinds.index("none")
+    assert 8 <= first_none < 20 and set(kinds[first_none:]) == {"none"}  # all four spent after 8 measured steps
+    assert not any(o["meta_info"]["spec_num_proposed_drafts"] for o in outs)
 
 
 def test_policy_uses_a_good_drafter_and_reports_it(adaptive_engine, spec_prompts, monkeypatch):

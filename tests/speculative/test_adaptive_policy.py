@@ -7,6 +7,7 @@ import pytest
 
 from sgl_dflash.speculative.adaptive import GREEDY, SAMPLED, AdaptivePolicy, Calibrator, best_lengths
 from sgl_dflash.speculative.cost_model import CostModel, step_shape
+from sgl_dflash.speculative.realized import RealizedGains
 
 
 def by_rows(per_row: float, fixed: float = 0.0):
@@ -765,3 +766,26 @@ def test_evidence_that_context_does_not_pay_expires():
     assert policy.context_lost(4)
     policy.realized.without_context(4)
     assert not policy.context_lost(4) and policy.realized.context_gain(4) is None and policy.drafts_may_pay(4)
+
+
+def test_a_request_whose_own_steps_with_context_realized_less_than_context_costs_is_spent():
+    """Per request, the steps it ran with drafter context: a drafted one gives it its accepted
+    drafts less its share of the step's extra time (in plain steps' tokens), an undrafted one 0;
+    once 32 were read, a mean below what context costs (3% a step) spends its context."""
+    realized = RealizedGains()
+    # One request, a drafted step that took 1.5 plain steps and accepted 1 draft: 2 tokens in the
+    # time of 1.5 plain ones: (1 + 1) / 1.5 - 1 = +1/3.
+    assert realized.request_gains(1, {7: 1}, 0.15, 0.1) == {7: pytest.approx(1 / 3)}
+    # Four requests, two drafted (2 and 0 accepted), the step 1.25x a plain one: 6 tokens, worth
+    # 6 x 0.8 - 4 = 0.8 over a plain step, split as 2 x 0.8 - 0.4 and 0 - 0.4 (each drafted request
+    # bears half of the 4 x 0.2 tokens the step's extra time cost).
+    gains = realized.request_gains(4, {1: 2, 2: 0}, 0.125, 0.1)
+    assert gains == {1: pytest.approx(1.2), 2: pytest.approx(-0.4)} and sum(gains.values()) == pytest.approx(0.8)
+    for step in range(31):
+        realized.request_step({7: 0.0, 8: 0.0 if step % 8 else 1.0})
+    assert not realized.spent(7, 0.03) and not realized.spent(8, 0.03)  # 31 steps: too few to judge
+    realized.request_step({7: 0.0, 8: 0.0})
+    assert realized.spent(7, 0.03)  # 32 plain steps with context: it paid context for nothing
+    assert not realized.spent(8, 0.03)  # 4 drafted steps of +1 token in 32: 12.5% a step
+    realized.forget(7)
+    assert not realized.spent(7, 0.03) and 7 not in realized.requests  # the slot's next request starts over
