@@ -69,17 +69,18 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     prefix lengths, one per target context bucket), every verify shape with the drafter's commit
     of its features (the pending-row write; per batch bucket also the flush that plain steps in a
     row end in), every draft program (batch bucket x draft block; in the first bucket at both
-    drafter windows) and, per batch bucket, the greedy sampling program that steps verifying no
-    draft run; the policy's cost model learns they are compiled."""
+    drafter windows) and, per batch bucket, the greedy sampling programs that steps verifying no
+    draft run (with the drafter's features, and NONE's without); the policy's cost model learns
+    they are compiled."""
     runner, proposer, policy = worker.runner, worker.proposer, worker.policy
     block = worker.block_size
     shapes = verify_shapes(proposer.max_num_seqs, block)
     plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))  # the drafter's batch buckets too
     all_drafts = {(rows, b) for rows in plain_batches for b in policy.blocks}
-    per_context = len(shapes) + len(all_drafts) + len(plain_batches)
+    per_context = len(shapes) + len(all_drafts) + 2 * len(plain_batches)
     # A shape the runner's tuner times compiles its switch program too, ~1.5 programs' mappings
     # (SmolLM2: 20 of them took 7,542, docs/adaptive.md 2026-11-29 night)
-    switched = sum(shape[0] <= runner.tuned_verify_seqs for shape in shapes) + len(plain_batches)
+    switched = sum(shape[0] <= runner.tuned_verify_seqs for shape in shapes) + 2 * len(plain_batches)
     programs = per_context + (3 * switched + 1) // 2
     room = compiled_memory.program_room()
     if room is not None and room < len(contexts) * programs + SERVING_PROGRAMS:
@@ -141,7 +142,11 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                 plain_step()
                 if timed:
                     _time(worker, "verify", step_shape(np.ones(n, np.int64)), plain_step)
-                bar.update()
+                # and NONE's program, which steps of requests without drafter context run (every
+                # request at a load where context does not pay, or once its own did not): met
+                # first while serving, its layer loops compiled for 1-4 s of a batch's 7-20 s
+                runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n, features=False)
+                bar.update(2)
     finally:
         worker.allocator.free(_SWEEP_ID)
         bar.close()

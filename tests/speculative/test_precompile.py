@@ -12,7 +12,7 @@ from jax_backend import compiled_memory
 from jax_backend.batch import bucket
 from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.speculative.cost_model import CostModel, step_shape
-from sgl_dflash.speculative import precompile
+from sgl_dflash.speculative import adaptive_worker, precompile
 from sgl_dflash.speculative.precompile import _lens_for, verify_shapes
 from tests.speculative.test_adaptive import random_lengths
 
@@ -94,6 +94,13 @@ def test_a_precompiled_adaptive_engine_compiles_no_decode_step(engine_kwargs, tr
     # The sweep's dummy sequences left nothing behind: greedy output is the target's own.
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in none_engine.generate(input_ids=prompts, sampling_params=params)]
     assert set(blocks) == {0, *policy.blocks} and max(chosen) == 3  # the plans did vary
+    assert compiled_steps == []
+    # Requests without drafter context (where drafts do not pay, or once their own did not) run
+    # NONE's program: compiled too.
+    monkeypatch.setattr(policy, "drafts_may_pay", lambda n: False)
+    monkeypatch.setattr(adaptive_worker, "MEASURED_EVERY", 1 << 30)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert not worker.drafting and not any(o["meta_info"]["spec_num_proposed_drafts"] for o in outs)
     assert compiled_steps == []
 
 
