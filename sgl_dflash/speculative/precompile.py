@@ -77,10 +77,10 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
     shapes = verify_shapes(proposer.max_num_seqs, block)
     plain_batches = _powers_up_to(bucket(proposer.max_num_seqs))  # the drafter's batch buckets too
     all_drafts = {(rows, b) for rows in plain_batches for b in policy.blocks}
-    per_context = len(shapes) + len(all_drafts) + 2 * len(plain_batches)
+    per_context = len(shapes) + len(all_drafts) + len(plain_batches)
     # A shape the runner's tuner times compiles its switch program too, ~1.5 programs' mappings
     # (SmolLM2: 20 of them took 7,542, docs/adaptive.md 2026-11-29 night)
-    switched = sum(shape[0] <= runner.tuned_verify_seqs for shape in shapes) + 2 * len(plain_batches)
+    switched = sum(shape[0] <= runner.tuned_verify_seqs for shape in shapes) + len(plain_batches)
     programs = per_context + (3 * switched + 1) // 2
     room = compiled_memory.program_room()
     if room is not None and room < len(contexts) * programs + SERVING_PROGRAMS:
@@ -142,14 +142,24 @@ def sweep(worker: Any, *, contexts: Sequence[int], progress: bool = True) -> Non
                 plain_step()
                 if timed:
                     _time(worker, "verify", step_shape(np.ones(n, np.int64)), plain_step)
-                # and NONE's program, which steps of requests without drafter context run (every
-                # request at a load where context does not pay, or once its own did not): met
-                # first while serving, its layer loops compiled for 1-4 s of a batch's 7-20 s
-                runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n, features=False)
-                bar.update(2)
+                bar.update()
+        _none_programs(runner, contexts, pages, plain_batches)
     finally:
         worker.allocator.free(_SWEEP_ID)
         bar.close()
+
+
+def _none_programs(runner: Any, contexts: Sequence[int], pages: Any, batches: list[int]) -> None:
+    """NONE's program per batch bucket at each swept context, where room for programs is left
+    (after the drafted shapes, which it must not crowd out): steps of requests without drafter
+    context run it (every request at a load where context does not pay, or once its own did not),
+    and met first mid-answer, its layer loops compiled for 1-4 s of a batch's 7-20 s."""
+    for context in contexts:
+        room = compiled_memory.program_room()
+        if room is not None and room < SERVING_PROGRAMS + 2 * len(batches):  # (two layer loops each)
+            return
+        for n in batches:
+            runner.sample([SeqInput([0], context, pages)] * n, [0.0] * n, [1.0] * n, [0] * n, features=False)
 
 
 def _drafter_prefills(proposer: Any) -> None:

@@ -251,14 +251,23 @@ def test_steps_with_context_are_read_as_realized_gains(adaptive_engine, none_eng
     flat_costs(adaptive_engine, monkeypatch)  # drafts pay: drafted steps happen
     gains = RealizedGains(min_gain_rows=1 << 30, min_request_steps=1 << 30)
     monkeypatch.setattr(worker.policy, "realized", gains)
-    drafted, plain = [], []
-    monkeypatch.setattr(gains, "drafted", lambda *reading: drafted.append(reading))
-    monkeypatch.setattr(gains, "plain", plain.append)
+    drafted, plain, readings = [], [], []
+    monkeypatch.setattr(gains, "drafted", lambda *reading: drafted.append(reading) or readings.append(reading[0]))
+    monkeypatch.setattr(gains, "plain", lambda n: plain.append(n) or readings.append(n))
+    request_step = gains.request_step
+    monkeypatch.setattr(gains, "request_step", lambda g: readings.append(dict(g)) or request_step(g))
     greedy_equals_none(adaptive_engine, none_engine, seed=9, count=6, max_new_tokens=40)
     B = worker.block_size
     assert drafted and all(n <= tokens <= n * B and seconds > 0 and plain_s > 0
                            for n, tokens, seconds, plain_s in drafted)
     assert all(1 <= n <= 6 for n in plain)
+    # Each reading is followed by its requests' own (every request had context here; those that
+    # finished before a drafted step was read are left out), none below -n tokens.
+    pairs = list(zip(readings[::2], readings[1::2]))
+    assert len(readings) == 2 * len(pairs) and pairs
+    assert all(isinstance(n, int) and isinstance(g, dict) and len(g) <= n for n, g in pairs)
+    assert sum(len(g) == n for n, g in pairs) >= len(pairs) // 2
+    assert all(np.isfinite(gain) and gain >= -n for n, g in pairs for gain in g.values())
 
 
 def test_requests_lose_drafter_context_where_it_realized_less_than_it_costs(adaptive_engine, none_engine, monkeypatch):
