@@ -27,18 +27,24 @@ namespace ffi = xla::ffi;
 namespace {
 
 // Register tiles of RB rows x NB outputs (their accumulators `vn`s, common.h).
-// AVX-512 (32 registers): one row 1 x 12 (12 weight rows streamed at once: 0.90-0.94 of 1 x 8's
-// time at K = 576, 0.97-0.99 at 1536, docs/performance.md section 39); 2-8 rows one block of
+// AVX-512 (32 registers): one row 1 x 8; 2-8 rows one block of
 // 8 x 3 tiles, so each weight tile is read from memory once (at 8 rows 0.62-0.76 of 4 x 6's
 // time, section 31b); 13-16 rows (a verify block of 16, two of 8) 6 x 4 tiles (with weights from
 // memory 0.73-0.85 of 4 x 6's time; at 9-12 rows 1.07-1.29, section 31c); other rows 4 x 6 (24
 // accumulators + 6 weight vectors; against 3 x 8 tiles at 16 rows and batch-32 decode 0.78-0.94,
 // section 30).
+// AMD Zen with AVX-512 (GCC's -march=native names it znver3 or later): one row 1 x 12 and other
+// rows 5 x 5 (of 1 x 8 and 4 x 6's time with weights from memory: 0.90-0.94 at one row and K =
+// 576, 0.82-0.91 at 24-64 rows but 1.00 for 1536 x 576 at 24; section 39). Intel keeps its own.
 // AVX2 (16 registers of 8 floats): 1 x 6 (two registers per output), and 4 x 3 tiles taking the
 // two halves of their lanes in turn (12 accumulators) for any other number of rows: 1.5-1.7x the
 // 3 x 2 tiles of both halves at once at 16-64 rows (section 37).
 #ifndef TILE  // rows, outputs, outputs of a one-row tile (a build flag for tile experiments)
-#define TILE 4, (kAvx512 ? 6 : 3), (kAvx512 ? 12 : 6)
+#if defined(__AVX512F__) && (defined(__znver3__) || defined(__znver4__) || defined(__znver5__))
+#define TILE 5, 5, 12
+#else
+#define TILE 4, (kAvx512 ? 6 : 3), (kAvx512 ? 8 : 6)
+#endif
 #endif
 constexpr int kTile[3] = {TILE};
 constexpr int kRows = kTile[0], kOutputs = kTile[1], kRowOutputs = kTile[2];
