@@ -4,8 +4,8 @@
 // YNNPACK's kernels, which read weights from memory at 4-10 GB/s: every decode and verify step's
 // dots were bound by them (docs/performance.md sections 23-24, 29). This kernel streams each weight
 // row once from memory (prefetching the next tile while it computes this one) and keeps a tile of
-// rows x outputs in vector registers (4 x 6 or 8 x 3 with AVX-512, 4 x 3 with AVX2), so the rows it
-// reuses come from L1.
+// rows x outputs in vector registers (4 x 6 or 8 x 3 with AVX-512, 5 x 5 on AMD Zen, 4 x 3 with
+// AVX2), so the rows it reuses come from L1.
 //
 // Inputs: x [R, K] f32, w [L, N, K] f32 (out-major weights, a layer stack or one layer as L = 1),
 // layer s32 [] (which of the L to use). Output y [R, N] f32.
