@@ -20,7 +20,7 @@ Each request's own steps with context are read too (`request_step`): a drafted r
 its step's gain (its accepted drafts, less its share of what the step cost beyond a plain one), 0
 on a step it drafted nothing. Once `min_request_steps` were read, a request whose mean is below
 what context costs (`spent`) goes on without context: at one request the load's evidence spans
-answers, and a chat answer whose drafts fail paid context and failed probes to its end (0.93-0.94x
+answers, and a chat answer whose drafts fail paid context and failed probes to its end (0.92-0.96x
 NONE on MT-Bench, docs/adaptive.md 2026-12-05 evening). It also bounds what a request given
 context only to keep measuring costs its batch.
 
