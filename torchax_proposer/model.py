@@ -99,8 +99,10 @@ def attend(q: torch.Tensor, segments: list[KV], mask: torch.Tensor | None, scale
     batch, length, heads, head_dim = q.shape
     kv_heads = segments[0][0].shape[2]
     groups = heads // kv_heads
-    keys = torch.cat([k for k, _ in segments], dim=1).transpose(1, 2)  # [n, kv_heads, T, D]
-    values = torch.cat([v for _, v in segments], dim=1).transpose(1, 2)
+    # Each segment head-major before the concatenation: a cached window that is a transposed view
+    # of head-major storage (the JAX drafter's cache) is then read as it lies.
+    keys = torch.cat([k.transpose(1, 2) for k, _ in segments], dim=2)  # [n, kv_heads, T, D]
+    values = torch.cat([v.transpose(1, 2) for _, v in segments], dim=2)
     folded = q.view(batch, length, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
     folded = folded.reshape(batch, kv_heads, groups * length, head_dim)
     if mask is not None:

@@ -146,10 +146,8 @@ class DFlashProposer:
         """Per draft layer, the cached context (K, V) [cache_len, kv_heads, head_dim] of a sequence
         (rows still pending since the last commit are not in it yet)."""
         state = self._state(seq_id)
-        return [
-            (np.asarray(k[state.slot])[: state.cache_len], np.asarray(v[state.slot])[: state.cache_len])
-            for k, v in zip(self.k_cache, self.v_cache)
-        ]
+        rows = lambda cache: np.asarray(cache[state.slot, :, : state.cache_len]).swapaxes(0, 1)  # noqa: E731 (head-major)
+        return [(rows(k), rows(v)) for k, v in zip(self.k_cache, self.v_cache)]
 
     def num_compilations(self) -> int:
         """Programs compiled so far by the jitted drafter functions (shared by proposers whose

@@ -61,10 +61,10 @@ def test_engine_programs_have_no_while_loop_with_unknown_trip_count(tmp_path, sp
     unbounded = {name: unbounded_while_loops(text) for name, text in modules.items()}
     assert not {name: loops for name, loops in unbounded.items() if loops}
 
-    # The drafter's KV caches [max_running_requests, context + block + 1, kv_heads, head_dim] are
+    # The drafter's KV caches [max_running_requests, kv_heads, context + block + 1, head_dim] are
     # updated in place: no program copies them (at the default context that copy cost ~0.5 s).
     draft = json.loads((Path(random_draft_dir) / "config.json").read_text())
-    cache = f"f32[4,{640 + 4 + 1},{draft['num_key_value_heads']},{draft['head_dim']}]"
+    cache = f"f32[4,{draft['num_key_value_heads']},{640 + 4 + 1},{draft['head_dim']}]"
     assert any(cache in text for text in modules.values())
     copies = [line.strip()[:120] for text in modules.values() for line in text.splitlines()
               if f"= {cache}" in line and " copy(" in line]

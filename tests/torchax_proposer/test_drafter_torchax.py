@@ -124,18 +124,23 @@ def test_attend_is_grouped_query_sdpa_over_the_joined_segments(mask_rows):
     as_jax = lambda t: jnp.asarray(t.numpy())  # noqa: E731
     lowered = jax.jit(lowered_attend)(as_jax(q), [(as_jax(k), as_jax(v)) for k, v in segments], as_jax(mask))
     np.testing.assert_allclose(np.asarray(lowered), expected.numpy(), atol=1e-5, rtol=0)
+    # The drafter's own CPU lowering (`_keys_first_attention`, scores computed as keys @ queries.T)
+    cpu = jax.jit(lambda *a: lowered_attend(*a, env=jax_drafter.lowering))(
+        as_jax(q), [(as_jax(k), as_jax(v)) for k, v in segments], as_jax(mask))
+    np.testing.assert_allclose(np.asarray(cpu), expected.numpy(), atol=1e-5, rtol=0)
     wrong = torch.nn.functional.scaled_dot_product_attention(  # kv head j % kv_heads: must differ
         q.transpose(1, 2), keys.repeat(1, heads // kv_heads, 1, 1), values.repeat(1, heads // kv_heads, 1, 1),
         attn_mask=mask, scale=0.3).transpose(1, 2)
     assert not torch.allclose(attend(q, segments, mask, 0.3), wrong, atol=1e-3)
 
 
-def lowered_attend(q, segments, mask):
-    """`attend(q, segments, mask, 0.3)` on jax values inside a trace, through torchax."""
+def lowered_attend(q, segments, mask, env=None):
+    """`attend(q, segments, mask, 0.3)` on jax values inside a trace, through torchax (its own
+    lowering, or the environment `env()` enters)."""
     import torchax
     from torchax.interop import jax_view, torch_view
 
-    with torchax.default_env():
+    with (env or torchax.default_env)():
         return jax_view(attend(torch_view(q), torch_view(segments), torch_view(mask), 0.3))
 
 
@@ -161,3 +166,20 @@ def test_few_row_projections_run_weight_first_on_a_cpu_and_torchax_is_left_as_it
     assert "optimization_barrier" not in str(jax.make_jaxpr(lambda p, kw: call_model(drafter, p, **kw))(params, wide))
     x, w, b = (jnp.asarray(np.random.default_rng(0).standard_normal(s), jnp.float32) for s in ((2, 5, 16), (24, 16), (24,)))
     np.testing.assert_allclose(np.asarray(_few_row_linear(x, w, b)), np.asarray(x @ w.T + b), atol=1e-5, rtol=0)
+
+
+def test_keys_first_attention_is_torch_sdpa():
+    """The drafter's CPU lowering of F.scaled_dot_product_attention equals torch's, with a
+    boolean mask, a float mask and none, and refuses what the drafter never asks for."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, length, 8, generator=gen) for length in (4, 11, 11))
+    masks = [None, torch.rand(2, 1, 4, 11, generator=gen) > 0.3, torch.randn(2, 1, 1, 11, generator=gen)]
+    masks[1][..., 0] = True
+    for mask in masks:
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.4)
+        got = jax_drafter._keys_first_attention(*(jnp.asarray(t.numpy()) for t in (q, k, v)),
+                                                None if mask is None else jnp.asarray(mask.numpy()), scale=0.4)
+        np.testing.assert_allclose(np.asarray(got), expected.numpy(), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="is_causal"):
+        jax_drafter._keys_first_attention(jnp.asarray(q.numpy()), jnp.asarray(k.numpy()), jnp.asarray(v.numpy()),
+                                          is_causal=True)

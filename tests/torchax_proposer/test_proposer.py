@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -425,3 +427,21 @@ def test_a_few_row_matmul_kernel_drafts_what_the_eager_drafter_does(dirs, target
         eager.commit([0, 1], accepted.tolist(), [torch.tensor(np.asarray(r)) for r in new_rows])
     assert (((2 * (BLOCK - 1), 64), (256, 64))) in shapes  # the lm_head of the block's drafts
     assert len({w for _, w in shapes}) >= 4  # and the layers' projections
+
+
+def test_a_draft_reads_the_cached_window_without_transposing_it(dirs, target_head):
+    """The caches are head-major [slots, kv_heads, rows, D] and the CPU attention takes the keys
+    as its scores' left operand: the compiled draft program writes no key window transposed
+    ([.., D, rows]), which XLA:CPU did per layer at ~4 ns an element (docs/performance.md)."""
+    proposer = make_proposer(dirs, target_head)
+    proposer.add("a", rows(np.random.default_rng(0), 100))
+    config = proposer.config
+    assert proposer.k_cache[0].shape == (4, config.num_key_value_heads, 385, config.head_dim)
+    jit, _ = proposer._draft_jit(None)
+    _, inputs, statics = proposer._draft_batch(["a"], [3])
+    text = jit.draft.lower(proposer.params, proposer.embed, proposer.lm_head, proposer.k_cache, proposer.v_cache,
+                           *inputs, proposer.token_map, **statics).compile().as_text()
+    window = statics["read_len"] + BLOCK  # the cached rows and the block's own keys
+    transposed = re.compile(rf"f32\[[0-9,]*{config.head_dim},{window}\]")
+    assert f",{window},{config.head_dim}]" in text  # the window is there, head-major
+    assert not transposed.search(text), transposed.search(text).group(0)
