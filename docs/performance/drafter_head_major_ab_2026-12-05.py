@@ -27,6 +27,8 @@ engine = Engine(model_path=args.model_path, random_seed=0, speculative_algorithm
                 speculative_draft_model_path=args.draft_model_path, speculative_num_draft_tokens=8)
 texts, _ = take_prompts("mt-bench", 80)
 tokenizer = engine.tokenizer
+generate = engine.generate  # every answer runs its full length (these prompts may end early)
+engine.generate = lambda prompt, sampling_params: generate(prompt=prompt, sampling_params={**sampling_params, "ignore_eos": True})
 results = {}
 for target in map(int, sys.argv[1:]):
     prompts = []
