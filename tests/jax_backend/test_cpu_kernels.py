@@ -92,7 +92,9 @@ def test_kernel_prefix_attention_equals_the_jax_path():
     np.testing.assert_allclose(run(True), run(False), atol=2e-6, rtol=0)
 
 
-WHOLE_STEP_SPECS = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263)]  # (q_len, prefix + q_len)
+# (q_len, prefix + q_len); the last two past the kernel's key segments (512, 1,024 keys), so their
+# rows merge 2-3 parts.
+WHOLE_STEP_SPECS = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263), (16, 1100), (1, 700)]
 
 
 def whole_step_case(num_q_heads, num_kv_heads, head_dim):
@@ -101,12 +103,13 @@ def whole_step_case(num_q_heads, num_kv_heads, head_dim):
     a prefix, stale values at and after each prefix in the pages, padding sequences with garbage
     lengths and padding rows."""
     rng = np.random.default_rng(num_q_heads + head_dim)
-    page, pages_per_seq, max_seqs, num_tokens = 16, 24, 8, 64
+    page, pages_per_seq, max_seqs, num_tokens, num_pages = 16, 72, 8, 64, 200
     specs = WHOLE_STEP_SPECS
-    pool = rng.standard_normal((64, page, 2 * num_kv_heads, head_dim), np.float32)
+    pool = rng.standard_normal((num_pages, page, 2 * num_kv_heads, head_dim), np.float32)
     pool[0] = 1e4  # scratch page: never read
     garbage = rng.integers(0, pages_per_seq * page, max_seqs).astype(np.int32)
-    page_indices, kv_lens, cu_q_lens = pack_specs(specs, rng.permutation(np.arange(1, 64)), garbage, pages_per_seq, page)
+    page_indices, kv_lens, cu_q_lens = pack_specs(specs, rng.permutation(np.arange(1, num_pages)), garbage,
+                                                  pages_per_seq, page)
     for i, (q_len, kv_len) in enumerate(specs):  # the new tokens' slots hold stale values: never read
         for pos in range(kv_len - q_len, kv_len):
             pool[page_indices[i, pos // page], pos % page] = 1e4
@@ -193,3 +196,32 @@ def test_a_cpu_runner_decodes_through_the_kernel_with_the_same_tokens(checkpoint
 def test_cpu_attention_true_where_it_cannot_apply_is_an_error(checkpoint):
     with pytest.raises(ValueError, match="cpu_attention=True needs one CPU device and dtype float32"):
         TargetRunner(checkpoint, dtype="bfloat16", max_total_tokens=64, cpu_attention=True)
+
+
+def test_a_decode_row_and_the_same_tokens_verify_row_get_the_same_bits():
+    """The whole-step kernel gives a token's attention output the same bits as a verify block's
+    row and as a decode step's only row (greedy DFLASH == NONE rests on it), past one key segment
+    too: the kernel splits every row's keys at the same positions and merges the parts in order."""
+    rng = np.random.default_rng(7)
+    heads, kv_heads, dim, page, width, block = 9, 3, 64, 16, 80, 8
+    for length in (300, 1100):  # one key segment, three
+        keys, values = (rng.standard_normal((length, kv_heads, dim), np.float32) for _ in range(2))
+        queries = rng.standard_normal((block, heads, dim), np.float32)
+        pool = np.zeros((width + 1, page, 2 * kv_heads, dim), np.float32)
+        pool[1:].reshape(-1, 2 * kv_heads, dim)[:length, 0::2] = keys
+        pool[1:].reshape(-1, 2 * kv_heads, dim)[:length, 1::2] = values
+        pages = np.arange(1, width + 1, dtype=np.int32)[None]
+
+        def attend(rows: slice) -> np.ndarray:  # tokens `rows` of the last block, new in this step
+            n = rows.stop - rows.start
+            kv_len, start = np.array([length - block + rows.stop], np.int32), length - block + rows.start
+            return np.asarray(cpu_kernels.ragged_attention(
+                jnp.asarray(queries[rows]), jnp.asarray(keys[start : start + n]), jnp.asarray(values[start : start + n]),
+                jnp.asarray(pool), kv_len, jnp.asarray(pages), np.array([0, n], np.int32), np.array([1], np.int32),
+                sm_scale=dim**-0.5, mask_value=-0.7 * float(np.finfo(np.float32).max)))
+
+        verify = attend(slice(0, block))
+        for j in range(block):
+            assert np.array_equal(attend(slice(j, j + 1))[0], verify[j]), (length, j)
+        expected = _dense_reference(queries, keys, values, dim**-0.5)
+        np.testing.assert_allclose(verify, expected, atol=1e-5, rtol=0)
