@@ -92,8 +92,7 @@ def test_kernel_prefix_attention_equals_the_jax_path():
     np.testing.assert_allclose(run(True), run(False), atol=2e-6, rtol=0)
 
 
-# (q_len, prefix + q_len); the last two past the kernel's key segments (512, 1,024 keys), so their
-# rows merge 2-3 parts.
+# (q_len, prefix + q_len); the last two long (700, 1,100 keys: many online-softmax blocks).
 WHOLE_STEP_SPECS = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263), (16, 1100), (1, 700)]
 
 
@@ -200,11 +199,12 @@ def test_cpu_attention_true_where_it_cannot_apply_is_an_error(checkpoint):
 
 def test_a_decode_row_and_the_same_tokens_verify_row_get_the_same_bits():
     """The whole-step kernel gives a token's attention output the same bits as a verify block's
-    row and as a decode step's only row (greedy DFLASH == NONE rests on it), past one key segment
-    too: the kernel splits every row's keys at the same positions and merges the parts in order."""
+    row and as a decode step's only row (greedy DFLASH == NONE rests on it), at short and long
+    contexts: every row runs the same online softmax over the same key blocks whatever its
+    neighbours."""
     rng = np.random.default_rng(7)
     heads, kv_heads, dim, page, width, block = 9, 3, 64, 16, 80, 8
-    for length in (300, 1100):  # one key segment, three
+    for length in (300, 1100):
         keys, values = (rng.standard_normal((length, kv_heads, dim), np.float32) for _ in range(2))
         queries = rng.standard_normal((block, heads, dim), np.float32)
         pool = np.zeros((width + 1, page, 2 * kv_heads, dim), np.float32)
