@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from jax_backend.blocks import BlockWeights, load_blocks
 from jax_backend.config import CheckpointError, TargetConfig
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -70,8 +71,13 @@ def load_target(
     model_dir: str | os.PathLike,
     dtype: str = "float32",
     sharding: Callable[[str, int], jax.sharding.Sharding] | None = None,
+    gguf_blocks: bool = False,
 ) -> tuple[TargetConfig, dict]:
     """Read config.json and the safetensors weights of `model_dir`; return (config, params).
+
+    `gguf_blocks` (float32, one device): params["blocks"] also holds the projections and lm_head
+    that the checkpoint keeps as GGUF blocks decoding to exactly the float32 weights loaded
+    (`jax_backend.blocks`; {} where it has none): out-major stacks for the CPU matmul kernel.
 
     `sharding(params key, ndim)` -> Sharding places each array straight from the host onto its
     devices (tensor parallelism: each device receives only its shard; the whole
@@ -104,23 +110,40 @@ def load_target(
         array = array.astype(target)
         return array.T if transpose else array
 
-    layers = {}
+    layers, block_stacks = {}, {}
+    with_blocks = gguf_blocks and sharding is None and target == jnp.float32
     for ours, (suffix, transpose) in _LAYER_TENSORS.items():
         if ours in ("q_norm", "k_norm") and not config.qk_norm:
             continue
-        stacked = np.stack(
-            [read(f"model.layers.{i}.{suffix}", transpose) for i in range(config.num_hidden_layers)]
-        )
+        names = [f"model.layers.{i}.{suffix}" for i in range(config.num_hidden_layers)]
+        raw = [read(name) for name in names]
+        if with_blocks and transpose:
+            found = load_blocks(model_dir, dict(zip(names, raw)))
+            if len(found) == len(names):  # every layer's, or none: the kernel reads one stack
+                block_stacks[ours] = _stack_blocks([found[name] for name in names])
+        stacked = np.stack([w.T if transpose else w for w in raw])
+        del raw
         layers[ours] = put(ours, stacked)
         del stacked
-    embed = put("embed", read("model.embed_tokens.weight"))
+    head_name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    head = read(head_name)
+    embed = put("embed", head if config.tie_word_embeddings else read("model.embed_tokens.weight"))
     params = {
         "embed": embed,
         "layers": layers,
         "norm": put("norm", read("model.norm.weight")),
-        "lm_head": embed if config.tie_word_embeddings else put("lm_head", read("lm_head.weight")),
+        "lm_head": embed if config.tie_word_embeddings else put("lm_head", head),
     }
+    if with_blocks:
+        found = load_blocks(model_dir, {head_name: head})
+        if found:
+            block_stacks["lm_head"] = BlockWeights(*(None if a is None else jnp.asarray(a) for a in found[head_name]))
+        params["blocks"] = block_stacks
     return config, params
+
+
+def _stack_blocks(per_layer: list[BlockWeights]) -> BlockWeights:
+    return BlockWeights(*(None if a[0] is None else jnp.asarray(np.stack(a)) for a in zip(*per_layer)))
 
 
 class _TensorFiles:

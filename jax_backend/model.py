@@ -125,11 +125,16 @@ def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Arr
     512: a batch-32 verify of 8-token blocks has 256), so wider steps keep the plain dot. Same
     products, another summation order: logits differ by float rounding (<= 3e-5 on SmolLM2's).
     `cpu_kernel` (`Batch.cpu_matmul`): steps of at most CPU_MATMUL_MAX_ROWS float32 rows take
-    `cpu_kernels.rows_matmul` instead (lm_head [V, H] is out-major as it is)."""
+    `cpu_kernels.rows_matmul` instead (lm_head [V, H] is out-major as it is), or for at most
+    BLOCKS_MAX_ROWS rows `rows_matmul_blocks` over params["blocks"]["lm_head"] where the loader
+    kept the checkpoint's GGUF blocks (the same bits)."""
     last = rms_norm(h[rows], params["norm"], config.rms_norm_eps)
     if _kernel_rows(cpu_kernel, last, params["lm_head"]):
         from jax_backend import cpu_kernels
 
+        head_blocks = params.get("blocks", {}).get("lm_head")
+        if head_blocks is not None and last.shape[0] <= BLOCKS_MAX_ROWS:
+            return cpu_kernels.rows_matmul_blocks(last, head_blocks)
         return cpu_kernels.rows_matmul(last, params["lm_head"])
     if vocab_major and 1 < last.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
         return jax.lax.optimization_barrier(params["lm_head"] @ last.T).T.astype(jnp.float32)
@@ -141,11 +146,18 @@ def final_logits(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Arr
 CPU_MATMUL_MAX_ROWS = 64
 
 
+# The widest step whose kernel products read GGUF blocks (`jax_backend.blocks`) rather than the
+# float32 weights: decoding a tile's rows costs compute that only few-row products, bound by the
+# weights' bytes, earn back (docs/performance.md section 41).
+BLOCKS_MAX_ROWS = 8
+
+
 def _kernel_rows(cpu_kernel: bool, x: jax.Array, w: jax.Array) -> bool:
     return cpu_kernel and x.shape[0] <= CPU_MATMUL_MAX_ROWS and x.dtype == w.dtype == jnp.float32
 
 
-def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: jax.Array | None = None) -> jax.Array:
+def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: jax.Array | None = None,
+            blocks: dict | None = None, index: jax.Array | int = 0) -> jax.Array:
     """x [T, in] @ the layer's weight `name`. Stored out-major (`out_major_layers`: name + "_t",
     [out, in]), it runs as:
       - the CPU matmul kernel (`cpu_kernel`, `Batch.cpu_matmul`) for T <= CPU_MATMUL_MAX_ROWS
@@ -154,13 +166,17 @@ def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: j
       - else, T <= VOCAB_MAJOR_MAX_ROWS, w_t @ x.T behind an optimization barrier, transposed
         back, the orientation of `final_logits`: XLA:CPU's kernels run the dots of a 1-32-row
         step 1.2-1.7x faster so (docs/performance.md section 25);
-      - else (prefill) x @ w_t.T, as fast as the [in, out] layout there."""
+      - else (prefill) x @ w_t.T, as fast as the [in, out] layout there.
+    `blocks` (params["blocks"]: GGUF-block stacks, `jax_backend.blocks`) with the layer's `index`:
+    kernel steps of at most BLOCKS_MAX_ROWS rows read the weight's blocks (the same bits)."""
     if name in w:
         return x @ w[name]
     w_t = w[name + "_t"]
     if _kernel_rows(cpu_kernel, x, w_t):
         from jax_backend import cpu_kernels
 
+        if blocks and name in blocks and x.shape[0] <= BLOCKS_MAX_ROWS:
+            return cpu_kernels.rows_matmul_blocks(x, blocks[name], index)
         return cpu_kernels.rows_matmul(x, w_t, layer)
     if layer is not None:
         w_t = w_t[layer]
@@ -190,9 +206,11 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     # A scan whose projections run the CPU matmul kernel hands it each stacked weight whole, with
     # the layer index, rather than scanning over slices of the stack (`project`).
     stacked_kernel = batch.cpu_matmul and isinstance(params["layers"], dict) and num_tokens <= CPU_MATMUL_MAX_ROWS
+    blocks = params.get("blocks")  # stacks read with the layer index in every layer loop
 
     def layer(h, w, index):
-        mm = functools.partial(project, w, cpu_kernel=batch.cpu_matmul, layer=index if stacked_kernel else None)
+        mm = functools.partial(project, w, cpu_kernel=batch.cpu_matmul, layer=index if stacked_kernel else None,
+                               blocks=blocks, index=index)
         x = rms_norm(h, w["input_norm"], eps)
         if "qkv_proj" in w or "qkv_proj_t" in w:
             qkv = mm(x, "qkv_proj")

@@ -56,6 +56,7 @@ class TargetRunner:
         tp_size: int = 1,
         cpu_attention: bool | None = None,
         cpu_matmul: bool | None = None,
+        gguf_blocks: bool = True,
     ):
         """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan"; on a CPU decode
         and verify steps run the scan or the switch, whichever `LayoutTuner` timed faster), "scan",
@@ -68,14 +69,13 @@ class TargetRunner:
         `cpu_attention`: the attention of decode and verify steps of <= 16 tokens per sequence
         runs the CPU kernels (`jax_backend.cpu_kernels`); None (default) = wherever it applies:
         one CPU device, float32, the kernels built. True where it cannot apply is an error.
-        `cpu_matmul`: the projections and logits of steps of <= 64 rows run the CPU matmul kernel
-        (`model.project`); None (default) = wherever it applies, as `cpu_attention`."""
+        `cpu_matmul`: the same for the matmul kernel (`model.project`, <= 64 rows); its few-row
+        products read the checkpoint's GGUF blocks (`jax_backend.blocks`) unless `gguf_blocks` is False."""
         if layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
-        self.config, self.params = load_target(
-            model_dir, dtype, None if self.mesh is None else sharding.param_sharding(self.mesh, self._tp_config)
-        )
+        tp_sharding = None if self.mesh is None else sharding.param_sharding(self.mesh, self._tp_config)
+        self.config, self.params = load_target(model_dir, dtype, tp_sharding, gguf_blocks=gguf_blocks and cpu_matmul is not False)
         config = self.config
         aux_layer_ids = tuple(int(l) for l in aux_layer_ids)
         bad = [l for l in aux_layer_ids if not 0 <= l < config.num_hidden_layers]

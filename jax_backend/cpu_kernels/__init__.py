@@ -44,6 +44,7 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cc"
 HEADERS = (Path(__file__).with_name("common.h"),)
 TARGET = "sgl_dflash_paged_prefix_attention"
 MATMUL_TARGET = "sgl_dflash_rows_matmul"
+BLOCKS_TARGET = "sgl_dflash_rows_matmul_blocks"
 RAGGED_TARGET = "sgl_dflash_ragged_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
@@ -108,7 +109,7 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        for target in (TARGET, MATMUL_TARGET, RAGGED_TARGET):
+        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, RAGGED_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
@@ -147,3 +148,19 @@ def rows_matmul(x, w, layer=None):
         w, layer = w[None], 0
     call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))
     return call(x, w, jnp.asarray(layer, jnp.int32).reshape(1))
+
+
+def rows_matmul_blocks(x, blocks, layer=None):
+    """`rows_matmul` for weights kept as GGUF blocks (`blocks.BlockWeights`: Q4_1 or Q8_0 codes
+    with float32 scales [.., N, K/32]); each tile's weight rows are decoded in cache to the same
+    float32 values the checkpoint's dequantization gives, so the products are `rows_matmul`'s
+    bits for those float32 weights. A layer stack [L, N, ..] takes a traced `layer`."""
+    codes, scale, offset = blocks.codes, blocks.scale, blocks.offset
+    if layer is None:
+        codes, scale, layer = codes[None], scale[None], 0
+        offset = None if offset is None else offset[None]
+    bits = 4 if codes.shape[-1] * 2 == x.shape[1] else 8
+    if offset is None:
+        offset = jnp.zeros((1, 1, 1), jnp.float32)
+    call = jax.ffi.ffi_call(BLOCKS_TARGET, jax.ShapeDtypeStruct((x.shape[0], codes.shape[1]), jnp.float32))
+    return call(x, codes, scale, offset, jnp.asarray(layer, jnp.int32).reshape(1), bits=np.int32(bits))

@@ -18,8 +18,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
+from jax_backend import blocks
+from jax_backend.blocks import BLOCKS_FILE
 from sgl_dflash import tools
 
 CACHE_DIR = tools.CACHE_DIR  # (train reads it here)
@@ -90,6 +93,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, ov
     tmp_dir.mkdir(parents=True, exist_ok=True)
     _save_dequantized(model, tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
+    write_gguf_blocks(gguf_path, tmp_dir)
     (tmp_dir / "import_source.json").write_text(
         json.dumps({"gguf_file": gguf_path.name, "dtype": "float32", "converter": "transformers gguf_file="}, indent=2)
     )
@@ -120,11 +124,78 @@ def _save_dequantized(model, out_dir: Path) -> None:
 
 
 def ensure_default_model() -> Path:
-    """Return the converted SmolLM2-135M-Instruct directory, converting it on first use."""
+    """Return the converted SmolLM2-135M-Instruct directory, converting it on first use (and
+    adding the GGUF blocks to a directory converted before they were kept)."""
     out_dir = default_model_dir()
     if not is_converted(out_dir):
         convert_gguf(find_packaged_gguf(), out_dir)
+    elif not (out_dir / BLOCKS_FILE).is_file():
+        write_gguf_blocks(find_packaged_gguf(), out_dir)
     return out_dir
+
+
+# GGUF tensor names -> Hugging Face names (Llama-style checkpoints); {i} is the layer.
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+
+def _rope_row_order(rows: int, heads: int) -> np.ndarray:
+    """The rows of a GGUF q/k projection in Hugging Face's order: llama.cpp interleaves each head's
+    rotary halves, transformers' GGUF loader undoes it (the same reshape, on row indices)."""
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(2, 1).reshape(rows)
+
+
+def write_gguf_blocks(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> int:
+    """Save the GGUF's Q4_1 / Q8_0 projection blocks beside the converted float32 weights
+    (`jax_backend.blocks`: the CPU matmul kernel reads them instead of the float32 rows), keeping
+    only those that decode to exactly the float32 tensor saved in `out_dir`. Returns how many."""
+    import gguf
+    from safetensors import safe_open
+
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    reader = gguf.GGUFReader(str(gguf_path))
+    kept, skipped = {}, []
+    with safe_open(out_dir / "model.safetensors", framework="numpy") as saved:
+        names = set(saved.keys())
+        for tensor in reader.tensors:
+            kind = tensor.tensor_type.name
+            layer, generic = _generic_name(tensor.name)
+            hf_name = _GGUF_NAMES.get(generic, "").format(i=layer)
+            if kind not in blocks.KINDS or not hf_name:
+                continue
+            if hf_name not in names:  # tied lm_head: the embedding's blocks serve it
+                continue
+            found = blocks.from_gguf(np.asarray(tensor.data), kind)
+            if ".attn_q." in tensor.name or ".attn_k." in tensor.name:
+                order = _rope_row_order(found.codes.shape[0], heads if ".attn_q." in tensor.name else kv_heads)
+                found = blocks.permute_rows(found, order)
+            if np.array_equal(blocks.dequantize(found).view(np.uint32), saved.get_tensor(hf_name).view(np.uint32)):
+                kept[hf_name] = found
+            else:
+                skipped.append(hf_name)
+    if skipped:
+        print(f"GGUF blocks that do not decode to the saved float32 weights, not kept: {skipped[:4]}"
+              f"{f' (+{len(skipped) - 4} more)' if len(skipped) > 4 else ''}")
+    blocks.save_blocks(out_dir / BLOCKS_FILE, kept)
+    return len(kept)
+
+
+def _generic_name(name: str) -> tuple[int | None, str]:
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
+        return int(parts[1]), ".".join(["blk", "{i}", *parts[2:]])
+    return None, name
 
 
 def main(argv: list[str] | None = None) -> None:

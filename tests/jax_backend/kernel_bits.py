@@ -13,6 +13,7 @@ import numpy as np
 from jax_backend import cpu_kernels
 from jax_backend.paged_attention import CPU_KERNEL_MAX_Q_LEN, prefix_block_attention
 from tests.jax_backend.test_cpu_kernels import whole_step_case
+from tests.jax_backend.test_gguf_blocks import random_blocks
 
 MATMUL_SHAPES = [(1, 576, 576), (3, 1536, 576), (8, 576, 1536), (16, 576, 960), (17, 64, 130), (5, 40, 13)]
 
@@ -24,6 +25,9 @@ def outputs() -> dict[str, np.ndarray]:
     for rows, k, n in MATMUL_SHAPES:
         x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((n, k), np.float32)
         out[f"matmul_{rows}x{k}x{n}"] = np.asarray(cpu_kernels.rows_matmul(x, w))
+    for rows, kind in [(1, "Q4_1"), (5, "Q8_0"), (12, "Q4_1")]:  # GGUF blocks: decoded in registers / in cache
+        x = rng.standard_normal((rows, 576), np.float32)
+        out[f"blocks_{rows}_{kind}"] = np.asarray(cpu_kernels.rows_matmul_blocks(x, random_blocks(rng, (300, 576), kind)))
     for heads, kv_heads, head_dim in [(9, 3, 64), (8, 2, 128)]:
         attend = jax.jit(functools.partial(prefix_block_attention, sm_scale=head_dim**-0.5, max_q_len=CPU_KERNEL_MAX_Q_LEN,
                                            chunk_tokens=64, loop_to_longest=True, cpu_kernel=True))

@@ -56,3 +56,37 @@ def test_missing_gguf_is_a_clear_error(tmp_path):
         model_import.convert_gguf(tmp_path / "nope.gguf", tmp_path / "out")
     with pytest.raises(model_import.ModelImportError, match="not installed"):
         model_import.find_packaged_gguf("no_such_package_xyz")
+
+
+def test_every_gguf_block_tensor_decodes_to_the_converted_weights(converted, tmp_path):
+    """The Q4_1 projections (q/k rows in transformers' order) and the Q8_0 embedding, re-derived
+    from the GGUF, decode bit for bit to the float32 tensors transformers converted."""
+    import shutil
+
+    from safetensors import safe_open
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(converted / name, tmp_path / name)
+    assert model_import.write_gguf_blocks(model_import.find_packaged_gguf(), tmp_path) == 30 * 7 + 1
+    with safe_open(tmp_path / model_import.BLOCKS_FILE, framework="numpy") as f:
+        assert f.get_tensor("model.layers.0.self_attn.k_proj.weight.codes").shape == (192, 288)
+        assert f.get_tensor("model.embed_tokens.weight.codes").shape == (49152, 576)
+
+
+def test_the_real_target_reading_blocks_gets_the_float32_bits(converted):
+    from jax_backend import SeqInput, TargetRunner
+
+    ids = [1, 504, 3458, 282, 4649, 314, 253]
+    results = []
+    for gguf_blocks in (True, False):
+        runner = TargetRunner(converted, page_size=16, max_total_tokens=128, max_num_seqs=2, gguf_blocks=gguf_blocks)
+        assert ("blocks" in runner.params) == gguf_blocks
+        if gguf_blocks:
+            assert len(runner.params["blocks"]) == 8  # 7 projections + the lm_head
+        table = runner.allocator.allocate("s", 32)
+        runner.forward([SeqInput(ids, 0, table)])
+        decode = runner.forward([SeqInput([ids[-1]], len(ids), table, logits="all")]).logits[0]
+        verify = runner.forward([SeqInput(ids[:6], len(ids) + 1, table, logits="all")]).logits[0]
+        results.append((decode, verify))
+    for with_blocks, without in zip(*results):
+        np.testing.assert_array_equal(with_blocks, without)

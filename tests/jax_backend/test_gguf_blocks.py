@@ -1,0 +1,181 @@
+"""Weights kept as GGUF blocks (`jax_backend.blocks`, `cpu_kernels.rows_matmul_blocks`): the kernel
+gives exactly `rows_matmul`'s bits for the decoded float32 weights, a runner that reads blocks
+computes the same logits bit for bit as one that reads the float32 rows, and a blocks file that
+does not decode to the checkpoint's weights is never used."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from jax_backend import SeqInput, TargetRunner, blocks, cpu_kernels, model, steps
+from jax_backend.blocks import BlockWeights
+from tests.tiny_checkpoints import make_tiny_target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernels():
+    assert cpu_kernels.available()
+
+
+def random_blocks(rng, shape: tuple[int, ...], kind: str) -> BlockWeights:
+    """Blocks like a GGUF file's: float16 scales (and offsets), codes over their whole range."""
+    *lead, n, k = shape
+    scale = (rng.standard_normal((*lead, n, k // 32)) * 0.02).astype(np.float16).astype(np.float32)
+    if kind == "Q8_0":
+        return BlockWeights(rng.integers(0, 256, (*lead, n, k), dtype=np.uint8), scale)
+    offset = (rng.standard_normal((*lead, n, k // 32)) * 0.1).astype(np.float16).astype(np.float32)
+    return BlockWeights(rng.integers(0, 256, (*lead, n, k // 2), dtype=np.uint8), scale, offset)
+
+
+# (rows, K, N): every row count of the in-register decode (1-8), the decode-in-cache path past it
+# (9, 16, 17, 33), widths past one thread's chunk and SmolLM2's shapes.
+SHAPES = [(1, 576, 1536), (1, 64, 13), (2, 1536, 576), (3, 96, 37), (4, 576, 192), (5, 64, 11), (6, 128, 40),
+          (7, 32, 9), (8, 576, 576), (9, 64, 50), (16, 576, 130), (17, 64, 24), (33, 128, 70)]
+
+
+@pytest.mark.parametrize("kind", blocks.KINDS)
+@pytest.mark.parametrize("rows,k,n", SHAPES)
+def test_rows_matmul_blocks_is_rows_matmul_of_the_decoded_weights(rows, k, n, kind):
+    rng = np.random.default_rng(rows * 1000 + k + n)
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    stack = random_blocks(rng, (3, n, k), kind)
+    decoded = blocks.dequantize(stack)
+    got = np.asarray(jax.jit(cpu_kernels.rows_matmul_blocks)(x, stack, 2))
+    np.testing.assert_array_equal(got, np.asarray(cpu_kernels.rows_matmul(x, decoded[2])))
+    one = BlockWeights(*(None if a is None else a[2] for a in stack))  # one layer = the stack's
+    np.testing.assert_array_equal(np.asarray(cpu_kernels.rows_matmul_blocks(x, one)), got)
+
+
+def test_a_row_gets_the_same_bits_alone_as_in_any_block():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((23, 576), dtype=np.float32)
+    w = random_blocks(rng, (700, 576), "Q4_1")
+    block = np.asarray(cpu_kernels.rows_matmul_blocks(x, w))
+    for start, size in [(0, 1), (5, 1), (0, 2), (3, 4), (9, 8), (2, 12), (7, 16), (0, 23)]:
+        np.testing.assert_array_equal(np.asarray(cpu_kernels.rows_matmul_blocks(x[start : start + size], w)),
+                                      block[start : start + size])
+
+
+def test_gguf_bytes_decode_like_the_gguf_package():
+    """`from_gguf` + `dequantize` against gguf's own dequantization of the same raw blocks."""
+    from gguf import GGMLQuantizationType, quants
+
+    rng = np.random.default_rng(2)
+    for kind, size in (("Q4_1", 20), ("Q8_0", 34)):
+        raw = rng.integers(0, 256, (6, 4 * size), dtype=np.uint8)
+        raw.reshape(6, 4, size)[..., 1] &= 0x3B  # float16 scales (and offsets) finite and modest
+        if kind == "Q4_1":
+            raw.reshape(6, 4, size)[..., 3] &= 0x3B
+        want = quants.dequantize(raw, GGMLQuantizationType[kind])
+        got = blocks.dequantize(blocks.from_gguf(raw, kind))
+        np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def test_project_reads_blocks_only_for_few_row_kernel_steps():
+    rng = np.random.default_rng(3)
+    stack = random_blocks(rng, (4, 96, 64), "Q4_1")
+    weights = {"o_proj_t": jnp.asarray(blocks.dequantize(stack))}
+    stack = BlockWeights(*(jnp.asarray(a) for a in stack))
+
+    def lowered(rows):
+        fn = lambda w, b, x, i: model.project(w, x, "o_proj", cpu_kernel=True, layer=i, blocks={"o_proj": b}, index=i)
+        return jax.jit(fn).lower(weights, stack, jnp.zeros((rows, 64), jnp.float32), 1).as_text()
+
+    assert cpu_kernels.BLOCKS_TARGET in lowered(model.BLOCKS_MAX_ROWS)
+    wider = lowered(model.BLOCKS_MAX_ROWS + 1)
+    assert cpu_kernels.BLOCKS_TARGET not in wider and cpu_kernels.MATMUL_TARGET in wider
+
+
+def test_bad_block_shapes_are_clear_errors():
+    x = jnp.zeros((2, 64), jnp.float32)
+    bad = BlockWeights(jnp.zeros((1, 8, 30), jnp.uint8), jnp.zeros((1, 8, 2), jnp.float32), jnp.zeros((1, 8, 2), jnp.float32))
+    with pytest.raises(Exception, match="rows_matmul_blocks"):
+        jax.block_until_ready(cpu_kernels.rows_matmul_blocks(x, bad, 0))
+
+
+# -- a checkpoint with blocks ---------------------------------------------------------------------
+def quantize_checkpoint(directory: str, seed: int = 0) -> dict[str, BlockWeights]:
+    """Replace the tiny checkpoint's projections (and tied embedding) with decoded random blocks
+    and write the blocks file beside them, as `sgl_dflash.model_import` does for a GGUF."""
+    rng = np.random.default_rng(seed)
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    kept = {}
+    for name, w in tensors.items():
+        if w.ndim == 2 and (name.endswith("_proj.weight") or name == "model.embed_tokens.weight"):
+            kind = "Q8_0" if "embed" in name else "Q4_1"
+            found = random_blocks(rng, w.shape, kind)
+            tensors[name] = blocks.dequantize(found)
+            kept[name] = found
+    save_file(tensors, path, metadata={"format": "pt"})
+    blocks.save_blocks(f"{directory}/{blocks.BLOCKS_FILE}", kept)
+    return kept
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    directory = make_tiny_target(tmp_path_factory.mktemp("gguf_blocks"), "llama")
+    quantize_checkpoint(directory)
+    return directory
+
+
+def _greedy(runner: TargetRunner, prompts, steps: int = 6, block: int = 4):
+    """Greedy decode steps, then a verify block of the last `block` tokens: tokens and logits."""
+    tables = [runner.allocator.allocate(i, len(p) + steps + block + 2) for i, p in enumerate(prompts)]
+    first = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    tokens = [[int(l[0].argmax())] for l in first.logits]
+    n = len(prompts)
+    for step in range(steps):
+        seqs = [SeqInput([tok[-1]], len(p) + step, t) for p, tok, t in zip(prompts, tokens, tables)]
+        out = runner.sample(seqs, [0.0] * n, [1.0] * n, [0] * n)
+        for tok, new in zip(tokens, out.tokens):
+            tok.append(int(new))
+    start = [len(p) + steps for p in prompts]
+    verify = [SeqInput(tok[-block:], s, t, logits="all") for tok, s, t in zip(tokens, start, tables)]
+    logits = runner.forward(verify).logits
+    for i in range(n):
+        runner.allocator.free(i)
+    return tokens, logits
+
+
+@pytest.mark.parametrize("layer_loop", ["scan", "switch", "unrolled"])
+def test_a_runner_reading_blocks_gets_the_float32_runners_bits(quantized, layer_loop):
+    make = functools.partial(TargetRunner, quantized, page_size=8, max_total_tokens=1024, max_num_seqs=4,
+                             layer_loop=layer_loop)
+    with_blocks, without = make(), make(gguf_blocks=False)
+    assert sorted(with_blocks.params["blocks"]) == ["down_proj", "gate_proj", "k_proj", "lm_head", "o_proj",
+                                                    "q_proj", "up_proj", "v_proj"]
+    assert "blocks" not in without.params
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (3, 30)]
+    (tok_b, logits_b), (tok_f, logits_f) = _greedy(with_blocks, prompts), _greedy(without, prompts)
+    assert tok_b == tok_f
+    for a, b in zip(logits_b, logits_f):  # a verify block of 4 rows per sequence: 8 rows, the blocks
+        np.testing.assert_array_equal(a, b)
+    batch, _ = with_blocks._batch([SeqInput([1], 4, [1])])
+    greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
+    sample = with_blocks._jitted(with_blocks._sample_steps, "greedy", steps.sample_step)
+    text = sample.lower(with_blocks._step_params, with_blocks.kv_pool, batch, *greedy, None).as_text()
+    assert cpu_kernels.BLOCKS_TARGET in text
+
+
+def test_blocks_that_do_not_decode_to_the_weights_are_not_used(tmp_path):
+    directory = make_tiny_target(tmp_path, "llama")
+    kept = quantize_checkpoint(directory)
+    name = "model.layers.2.mlp.up_proj.weight"
+    stale = kept[name]._replace(scale=kept[name].scale * 2)  # e.g. a blocks file from another export
+    blocks.save_blocks(f"{directory}/{blocks.BLOCKS_FILE}", {**kept, name: stale})
+    runner = TargetRunner(directory, page_size=8, max_total_tokens=256, max_num_seqs=2)
+    assert "up_proj" not in runner.params["blocks"]  # one layer's stale: the whole stack reads float32
+    assert "down_proj" in runner.params["blocks"]
+
+
+def test_no_blocks_without_the_cpu_matmul_kernel(quantized):
+    runner = TargetRunner(quantized, page_size=8, max_total_tokens=256, max_num_seqs=2, cpu_matmul=False)
+    assert "blocks" not in runner.params
