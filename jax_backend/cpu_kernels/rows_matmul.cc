@@ -225,24 +225,24 @@ void decoded_tile(const Problem& p, int64_t n) {
   vn acc[R * G];
   for (int i = 0; i < R * G; ++i) acc[i] = vn{};
   for (int64_t b = 0; b < blocks; ++b) {
+    vn w0[G], w1[G];  // the block's two weight vectors of each output, decoded once
     for (int g = 0; g < G; ++g) {
       const uint8_t* codes = p.w.codes + (n + g) * row_bytes;
       const float s = p.w.scale[(n + g) * blocks + b];
-      vn w0, w1;
       if constexpr (Bits == 4) {
         const float m = p.w.offset[(n + g) * blocks + b];
         const i16 packed = widen<false>(codes + b * 16);
-        w0 = __builtin_convertvector(packed & 15, vn) * s + m;
-        w1 = __builtin_convertvector(packed >> 4, vn) * s + m;
+        w0[g] = __builtin_convertvector(packed & 15, vn) * s + m;
+        w1[g] = __builtin_convertvector(packed >> 4, vn) * s + m;
       } else {
-        w0 = __builtin_convertvector(widen<true>(codes + b * 32), vn) * s;
-        w1 = __builtin_convertvector(widen<true>(codes + b * 32 + 16), vn) * s;
+        w0[g] = __builtin_convertvector(widen<true>(codes + b * 32), vn) * s;
+        w1[g] = __builtin_convertvector(widen<true>(codes + b * 32 + 16), vn) * s;
       }
-      for (int r = 0; r < R; ++r) {
-        const float* x = p.x + r * k_dim + b * 32;
-        acc[r * G + g] += load_n(x) * w0;
-        acc[r * G + g] += load_n(x + 16) * w1;
-      }
+    }
+    for (int r = 0; r < R; ++r) {  // each row's x loaded once for the G outputs
+      const vn x0 = load_n(p.x + r * k_dim + b * 32), x1 = load_n(p.x + r * k_dim + b * 32 + 16);
+      for (int g = 0; g < G; ++g) acc[r * G + g] += x0 * w0[g];
+      for (int g = 0; g < G; ++g) acc[r * G + g] += x1 * w1[g];
     }
   }
   if constexpr (R * G == 1) {

@@ -39,7 +39,7 @@ from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode
 from sgl_dflash.server_args import DTYPES, LAYER_LOOPS
 from sgl_dflash.tools import datasets
-from sgl_dflash.tools.bench_roofline import measure_machine, roofline, target_bytes
+from sgl_dflash.tools.roofline import measure_machine, roofline, target_bytes, weight_bytes_read
 from sgl_dflash.tools.demo import QUESTIONS, TINY_PAIR_QUESTIONS, chat_prompts, use_compilation_cache
 from sgl_dflash.tools.tiny_pair import ensure_tiny_pair
 
@@ -118,7 +118,7 @@ def timed_generate(engine: Engine, prompts: list[str], batch_size: int, max_new_
 
 def add_roofline(engines: dict[str, Engine], rows: list[dict], machine: dict) -> None:
     """Each row's decode step against its roofline (see the module doc); `machine` as
-    `bench_roofline.measure_machine` returns it."""
+    `roofline.measure_machine` returns it."""
     runner = engines["NONE"].scheduler.worker.runner
     weights = target_bytes(runner)
     for row in rows:
@@ -135,6 +135,10 @@ def add_roofline(engines: dict[str, Engine], rows: list[dict], machine: dict) ->
         row.update(roofline_ms=line["roofline_ms"], roofline_bound=line["bound"],
                    step_over_roofline=round(row["decode_step_ms"] / line["roofline_ms"], 2),
                    roofline_tokens_per_s=round(tokens_per_step / line["roofline_ms"] * 1e3, 1))
+        # Against the bytes the step reads: GGUF blocks for the target's few-row products.
+        read = roofline(runner.config, weight_bytes_read(runner, row["batch_size"] * k), row["batch_size"], k,
+                        round(row["context"]), machine, drafter)
+        row.update(roofline_read_ms=read["roofline_ms"], step_over_roofline_read=round(row["decode_step_ms"] / read["roofline_ms"], 2))
 
 
 def plot_roofline(rows: list[dict], machine: dict, path: str) -> None:

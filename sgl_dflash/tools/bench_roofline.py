@@ -36,6 +36,7 @@ import numpy as np
 
 from jax_backend import SeqInput, TargetRunner
 from jax_backend.model import LayerBranches, apply_rope, final_logits, project, rms_norm, rope_cos_sin, unstack_layers
+from sgl_dflash.tools.roofline import measure_machine, roofline, target_bytes, weight_bytes_read  # noqa: F401 (their home)
 
 WARMUP_CALLS = 10  # of ours per step shape: past the layout tuner's exploration (7 steps)
 CASES = [(1, 1), (4, 1), (32, 1), (1, 4), (1, 8), (1, 16), (4, 4), (4, 8), (4, 16)]  # (B, K)
@@ -45,55 +46,6 @@ def aux_layers(num_layers: int) -> tuple[int, ...]:
     """4 feature layers by z-lab's default rule ([1, 10, 18, 27] for SmolLM2's 30, as our
     drafter): verify returns their features."""
     return tuple(sorted({min(num_layers - 1, max(0, round(1 + i * (num_layers - 4) / 3))) for i in range(4)}))
-
-
-# -- the machine ----------------------------------------------------------------------------------
-def _best_seconds(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def measure_machine(on_gpu: bool) -> dict:
-    """Read bandwidth (GB/s) and fp32 matmul peak (GFLOP/s) as XLA achieves them here."""
-    nbytes = (2 << 30) if on_gpu else (512 << 20)
-    data = jnp.ones(nbytes // 4, jnp.float32)
-    total = jax.jit(jnp.sum)
-    bandwidth = nbytes / _best_seconds(lambda: total(data), 10) / 1e9
-    del data
-    n = 8192 if on_gpu else 1024
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
-    peak = 2 * n**3 / _best_seconds(lambda: matmul(a, a), 10) / 1e9
-    return {"read_bandwidth_gbs": bandwidth, "matmul_fp32_gflops": peak, "bandwidth_bytes": nbytes, "matmul_n": n}
-
-
-def roofline(config, params_bytes: int, batch: int, k: int, context: int, machine: dict,
-             extra_bytes: int = 0) -> dict:
-    """Bytes, FLOPs and the roofline time of one step (B sequences, K new tokens each);
-    `extra_bytes`: read besides the target's (a DFLASH step's drafter weights)."""
-    L, H, D = config.num_hidden_layers, config.hidden_size, config.head_dim
-    hq, hkv, inter, vocab = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size, config.vocab_size
-    kv_token = 2 * L * hkv * D * 4
-    tokens, logit_rows = batch * k, batch * (k if k > 1 else 1)
-    layer_matmul = H * (hq * D + 2 * hkv * D) + hq * D * H + 3 * H * inter
-    flops = 2 * tokens * L * layer_matmul + 2 * logit_rows * vocab * H
-    flops += 4 * L * hq * D * batch * (k * context + k * (k + 1) // 2)  # scores + weighted sum
-    nbytes = params_bytes + batch * context * kv_token + tokens * kv_token + extra_bytes
-    memory_s = nbytes / (machine["read_bandwidth_gbs"] * 1e9)
-    compute_s = flops / (machine["matmul_fp32_gflops"] * 1e9)
-    return {"bytes": nbytes, "flops": flops, "roofline_ms": max(memory_s, compute_s) * 1e3,
-            "bound": "memory" if memory_s >= compute_s else "compute"}
-
-
-def target_bytes(runner: TargetRunner) -> int:
-    """Bytes of the target's weights (a tied lm_head is one array, counted twice in the tree)."""
-    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params))
-    return nbytes - (runner.params["lm_head"].nbytes if runner.config.tie_word_embeddings else 0)
 
 
 # -- a plain dense JAX step (contiguous KV cache) ---------------------------------------------------
@@ -320,9 +272,13 @@ def run(model_dir: str, hf, *, context: int, repeats: int, hf_max_batch: int, ou
         row = {"batch": batch, "k": k, "kind": "decode" if k == 1 else "verify",
                **roofline(config, params_bytes, batch, k, context, machine),
                "warmup_s": warmup}  # the warm-up calls, the first compiling
+        # The same step against the bytes ours reads (GGUF blocks for few rows; else the same).
+        read = roofline(config, weight_bytes_read(runner, batch * k), batch, k, context, machine)
+        row.update(bytes_read=read["bytes"], roofline_read_ms=read["roofline_ms"], bound_read=read["bound"])
         for name, ts in times.items():
             row[f"{name}_ms"] = _median_ms(ts)
             row[f"{name}_over_roofline"] = row[f"{name}_ms"] / row["roofline_ms"]
+        row["ours_over_roofline_read"] = row["ours_ms"] / row["roofline_read_ms"]
         rows.append(row)
         if progress is not None:
             progress(row)
@@ -359,8 +315,8 @@ def print_table(result: dict) -> None:
     m = result["machine"]
     print(f"\nbackend {result['backend']} ({result['device']}), read bandwidth {m['read_bandwidth_gbs']:.1f} GB/s, "
           f"fp32 matmul {m['matmul_fp32_gflops']:.0f} GFLOP/s, context {result['context']}")
-    names = [n[:-3] for n in result["rows"][0] if n.endswith("_ms") and n != "roofline_ms"]
-    head = f"{'step':<14} {'roofline ms':>11} {'bound':>7} " + " ".join(f"{n + ' ms (x)':>22}" for n in names)
+    names = [n[:-3] for n in result["rows"][0] if n.endswith("_ms") and not n.startswith("roofline")]
+    head = f"{'step':<14} {'roofline ms':>11} {'bound':>7} {'read: ms (ours x)':>18} " + " ".join(f"{n + ' ms (x)':>22}" for n in names)
     print(head)
     for row in result["rows"]:
         step = f"B={row['batch']} " + ("decode" if row["k"] == 1 else f"K={row['k']}")
@@ -368,7 +324,8 @@ def print_table(result: dict) -> None:
         for n in names:
             value = row.get(f"{n}_ms")
             cells.append(f"{value:>13.2f} ({row[f'{n}_over_roofline']:>5.2f}x)" if value is not None else f"{'-':>22}")
-        print(f"{step:<14} {row['roofline_ms']:>11.2f} {row['bound']:>7} " + " ".join(cells))
+        read = f"{row['roofline_read_ms']:>9.2f} ({row['ours_over_roofline_read']:>5.2f}x)"
+        print(f"{step:<14} {row['roofline_ms']:>11.2f} {row['bound']:>7} {read:>18} " + " ".join(cells))
 
 
 def plot(result: dict, path: Path) -> None:
@@ -379,7 +336,7 @@ def plot(result: dict, path: Path) -> None:
 
     rows = result["rows"]
     labels = [f"B{r['batch']}\n" + ("decode" if r["k"] == 1 else f"K{r['k']}") for r in rows]
-    names = ["roofline"] + [n[:-3] for n in rows[0] if n.endswith("_ms") and n != "roofline_ms"]
+    names = ["roofline", "roofline_read"] + [n[:-3] for n in rows[0] if n.endswith("_ms") and not n.startswith("roofline")]
     x, width = np.arange(len(rows)), 0.8 / len(names)
     fig, ax = plt.subplots(figsize=(12, 5))
     for i, name in enumerate(names):

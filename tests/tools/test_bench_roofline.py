@@ -65,3 +65,22 @@ def test_the_dots_only_step_keeps_every_matmul(tmp_path):
     no_attention -= 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * rows  # the roofline's K=1 scores
     assert no_attention <= flops <= 1.2 * no_attention
     dots.run(rows)
+
+
+def test_a_step_that_reads_gguf_blocks_is_measured_against_their_bytes(tmp_path):
+    import jax
+
+    from jax_backend import TargetRunner
+    from jax_backend.model import BLOCKS_MAX_ROWS
+    from tests.jax_backend.test_gguf_blocks import quantize_checkpoint
+
+    model = make_tiny_target(tmp_path / "model", "llama", num_hidden_layers=2)
+    quantize_checkpoint(model)
+    runner = TargetRunner(model, max_total_tokens=256, max_num_seqs=2)
+    full = bench_roofline.target_bytes(runner)
+    float32 = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, gguf_blocks=False)
+    assert full == bench_roofline.target_bytes(float32) == bench_roofline.weight_bytes_read(float32, 1)
+    blocks = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params["blocks"]))
+    few = bench_roofline.weight_bytes_read(runner, BLOCKS_MAX_ROWS)
+    assert few < full / 3 and few > blocks  # the norms stay float32
+    assert bench_roofline.weight_bytes_read(runner, BLOCKS_MAX_ROWS + 1) == full
