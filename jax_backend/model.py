@@ -147,9 +147,10 @@ CPU_MATMUL_MAX_ROWS = 64
 
 
 # The widest step whose kernel products read GGUF blocks (`jax_backend.blocks`) rather than the
-# float32 weights: decoding a tile's rows costs compute that only few-row products, bound by the
-# weights' bytes, earn back (docs/performance.md section 41).
-BLOCKS_MAX_ROWS = 8
+# float32 weights: decoding costs compute that only few-row products earn back (SmolLM2's shapes,
+# blocks / float32 time: 0.24-0.41 at 1 row, 0.52-0.71 at 8, 0.79-0.83 at 16, 1.02-1.05 at 32;
+# docs/performance.md section 41).
+BLOCKS_MAX_ROWS = 16
 
 
 def _kernel_rows(cpu_kernel: bool, x: jax.Array, w: jax.Array) -> bool:

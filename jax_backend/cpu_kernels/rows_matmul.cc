@@ -220,8 +220,10 @@ inline float lane_sum(vn a) {
 // 1.1-2.4x slower (the lm_head's 49,152 x 576 Q8_0 at one row: 1.15-1.34 ms with G = 1, 2.1-3.3
 // with 2-8).
 template <int Bits, int R, int G>
-void decoded_tile(const Problem& p, int64_t n) {
+void decoded_tile(const Problem& p, int64_t n, int64_t r0) {  // rows [r0, r0 + R)
   const int64_t k_dim = p.k_dim, blocks = k_dim / 32, row_bytes = k_dim * Bits / 8;
+  const float* xr = p.x + r0 * k_dim;
+  float* yr = p.y + r0 * p.n_dim;
   vn acc[R * G];
   for (int i = 0; i < R * G; ++i) acc[i] = vn{};
   for (int64_t b = 0; b < blocks; ++b) {
@@ -240,42 +242,48 @@ void decoded_tile(const Problem& p, int64_t n) {
       }
     }
     for (int r = 0; r < R; ++r) {  // each row's x loaded once for the G outputs
-      const vn x0 = load_n(p.x + r * k_dim + b * 32), x1 = load_n(p.x + r * k_dim + b * 32 + 16);
+      const vn x0 = load_n(xr + r * k_dim + b * 32), x1 = load_n(xr + r * k_dim + b * 32 + 16);
       for (int g = 0; g < G; ++g) acc[r * G + g] += x0 * w0[g];
       for (int g = 0; g < G; ++g) acc[r * G + g] += x1 * w1[g];
     }
   }
   if constexpr (R * G == 1) {
-    p.y[n] = lane_sum(acc[0]);
+    yr[n] = lane_sum(acc[0]);
   } else {
     float sums[R * G];
     lane_sums<R * G>(acc, sums);
     for (int r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g) p.y[r * p.n_dim + n + g] = sums[r * G + g];
+      for (int g = 0; g < G; ++g) yr[r * p.n_dim + n + g] = sums[r * G + g];
   }
 }
 
-template <int Bits, int R>
-void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
-  constexpr int G = R == 1 ? 1 : 2;  // measured: 2 beat 1, 3, 4 and 6 at 4 and 8 rows
-  int64_t n = n0;
-  for (; n + G <= n1; n += G) decoded_tile<Bits, R, G>(p, n);
-  for (; n < n1; ++n) decoded_tile<Bits, R, 1>(p, n);
+// Rows [r0, r0 + rows) (1-8) of G = 1 or 2 outputs from n.
+template <int Bits, int G>
+void decoded_rows(const Problem& p, int64_t n, int64_t r0, int64_t rows) {
+  switch (rows) {
+    case 1: return decoded_tile<Bits, 1, G>(p, n, r0);
+    case 2: return decoded_tile<Bits, 2, G>(p, n, r0);
+    case 3: return decoded_tile<Bits, 3, G>(p, n, r0);
+    case 4: return decoded_tile<Bits, 4, G>(p, n, r0);
+    case 5: return decoded_tile<Bits, 5, G>(p, n, r0);
+    case 6: return decoded_tile<Bits, 6, G>(p, n, r0);
+    case 7: return decoded_tile<Bits, 7, G>(p, n, r0);
+    default: return decoded_tile<Bits, 8, G>(p, n, r0);
+  }
 }
 
-constexpr int kDecodedMaxRows = 8;  // more rows: decoded rows in scratch, then the float32 tiles
-
+// Outputs [n0, n1) of every row: two outputs at a time (one for a single row: measured, G = 2
+// beat 1, 3, 4 and 6 at 4 and 8 rows), their rows in tiles of up to 8 that decode the same
+// weights again from cache (past 8 rows the accumulators would not fit the registers).
 template <int Bits>
-void decoded_rows(const Problem& p, int64_t n0, int64_t n1) {
-  switch (p.rows) {
-    case 1: return decoded_outputs<Bits, 1>(p, n0, n1);
-    case 2: return decoded_outputs<Bits, 2>(p, n0, n1);
-    case 3: return decoded_outputs<Bits, 3>(p, n0, n1);
-    case 4: return decoded_outputs<Bits, 4>(p, n0, n1);
-    case 5: return decoded_outputs<Bits, 5>(p, n0, n1);
-    case 6: return decoded_outputs<Bits, 6>(p, n0, n1);
-    case 7: return decoded_outputs<Bits, 7>(p, n0, n1);
-    case 8: return decoded_outputs<Bits, 8>(p, n0, n1);
+void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1;) {
+    const bool pair = p.rows > 1 && n + 2 <= n1;
+    for (int64_t r0 = 0; r0 < p.rows; r0 += 8) {
+      const int64_t rows = std::min<int64_t>(8, p.rows - r0);
+      pair ? decoded_rows<Bits, 2>(p, n, r0, rows) : decoded_rows<Bits, 1>(p, n, r0, rows);
+    }
+    n += pair ? 2 : 1;
   }
 }
 
@@ -318,12 +326,12 @@ void run(ffi::ThreadPool& pool, const Problem& p) {
 
 void dispatch(ffi::ThreadPool& pool, const Problem& problem) {
 #if defined(__AVX512F__)
-  if (problem.w.bits != 32 && problem.rows <= kDecodedMaxRows) {
+  if (problem.w.bits != 32) {
     const int64_t units = 8 * std::max<int64_t>(1, pool.num_threads());
     const int64_t chunk = (problem.n_dim + units - 1) / units;
     parallel_units(pool, (problem.n_dim + chunk - 1) / chunk, [&problem, chunk](int64_t c) {
       const int64_t n0 = c * chunk, n1 = std::min(problem.n_dim, n0 + chunk);
-      (problem.w.bits == 4 ? decoded_rows<4> : decoded_rows<8>)(problem, n0, n1);
+      (problem.w.bits == 4 ? decoded_outputs<4> : decoded_outputs<8>)(problem, n0, n1);
     });
     return;
   }

@@ -33,10 +33,11 @@ def random_blocks(rng, shape: tuple[int, ...], kind: str) -> BlockWeights:
     return BlockWeights(rng.integers(0, 256, (*lead, n, k // 2), dtype=np.uint8), scale, offset)
 
 
-# (rows, K, N): every row count of the in-register decode (1-8), the decode-in-cache path past it
-# (9, 16, 17, 33), widths past one thread's chunk and SmolLM2's shapes.
+# (rows, K, N): every row count of a register tile (1-8), more rows in tiles of 8 and a remainder
+# (9, 16, 17, 33, 64; the AVX2 build decodes rows in cache instead), odd and even output counts,
+# widths past one thread's chunk and SmolLM2's shapes.
 SHAPES = [(1, 576, 1536), (1, 64, 13), (2, 1536, 576), (3, 96, 37), (4, 576, 192), (5, 64, 11), (6, 128, 40),
-          (7, 32, 9), (8, 576, 576), (9, 64, 50), (16, 576, 130), (17, 64, 24), (33, 128, 70)]
+          (7, 32, 9), (8, 576, 576), (9, 64, 50), (16, 576, 130), (17, 64, 24), (33, 128, 71), (64, 64, 20)]
 
 
 @pytest.mark.parametrize("kind", blocks.KINDS)
@@ -57,7 +58,7 @@ def test_a_row_gets_the_same_bits_alone_as_in_any_block():
     x = rng.standard_normal((23, 576), dtype=np.float32)
     w = random_blocks(rng, (700, 576), "Q4_1")
     block = np.asarray(cpu_kernels.rows_matmul_blocks(x, w))
-    for start, size in [(0, 1), (5, 1), (0, 2), (3, 4), (9, 8), (2, 12), (7, 16), (0, 23)]:
+    for start, size in [(0, 1), (5, 1), (0, 2), (3, 4), (9, 8), (2, 12), (7, 16), (0, 23), (1, 9)]:
         np.testing.assert_array_equal(np.asarray(cpu_kernels.rows_matmul_blocks(x[start : start + size], w)),
                                       block[start : start + size])
 
