@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from jax_backend import SeqInput, TargetRunner, blocks, cpu_kernels, model, steps
 from jax_backend.blocks import BlockWeights
+from tests.jax_backend.test_cpu_matmul import _greedy_run
 from tests.tiny_checkpoints import make_tiny_target
 
 
@@ -126,38 +127,20 @@ def quantized(tmp_path_factory):
     return directory
 
 
-def _greedy(runner: TargetRunner, prompts, steps: int = 6, block: int = 4):
-    """Greedy decode steps, then a verify block of the last `block` tokens: tokens and logits."""
-    tables = [runner.allocator.allocate(i, len(p) + steps + block + 2) for i, p in enumerate(prompts)]
-    first = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
-    tokens = [[int(l[0].argmax())] for l in first.logits]
-    n = len(prompts)
-    for step in range(steps):
-        seqs = [SeqInput([tok[-1]], len(p) + step, t) for p, tok, t in zip(prompts, tokens, tables)]
-        out = runner.sample(seqs, [0.0] * n, [1.0] * n, [0] * n)
-        for tok, new in zip(tokens, out.tokens):
-            tok.append(int(new))
-    start = [len(p) + steps for p in prompts]
-    verify = [SeqInput(tok[-block:], s, t, logits="all") for tok, s, t in zip(tokens, start, tables)]
-    logits = runner.forward(verify).logits
-    for i in range(n):
-        runner.allocator.free(i)
-    return tokens, logits
-
-
 @pytest.mark.parametrize("layer_loop", ["scan", "switch", "unrolled"])
 def test_a_runner_reading_blocks_gets_the_float32_runners_bits(quantized, layer_loop):
     make = functools.partial(TargetRunner, quantized, page_size=8, max_total_tokens=1024, max_num_seqs=4,
-                             layer_loop=layer_loop)
+                             aux_layer_ids=(1,), layer_loop=layer_loop)
     with_blocks, without = make(), make(gguf_blocks=False)
     assert sorted(with_blocks.params["blocks"]) == ["down_proj", "gate_proj", "k_proj", "lm_head", "o_proj",
                                                     "q_proj", "up_proj", "v_proj"]
     assert "blocks" not in without.params
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 256, n).tolist() for n in (3, 30)]
-    (tok_b, logits_b), (tok_f, logits_f) = _greedy(with_blocks, prompts), _greedy(without, prompts)
+    # Greedy decode steps, then a verify block of 4 rows per sequence (8 rows: the blocks' kernel).
+    (tok_b, _, logits_b), (tok_f, _, logits_f) = (_greedy_run(runner, prompts, steps=6) for runner in (with_blocks, without))
     assert tok_b == tok_f
-    for a, b in zip(logits_b, logits_f):  # a verify block of 4 rows per sequence: 8 rows, the blocks
+    for a, b in zip(logits_b, logits_f):
         np.testing.assert_array_equal(a, b)
     batch, _ = with_blocks._batch([SeqInput([1], 4, [1])])
     greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
