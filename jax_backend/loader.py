@@ -138,12 +138,31 @@ def load_target(
         found = load_blocks(model_dir, {head_name: head})
         if found:
             block_stacks["lm_head"] = BlockWeights(*(None if a is None else jnp.asarray(a) for a in found[head_name]))
-        params["blocks"] = block_stacks
+        params["blocks"] = fuse_block_stacks(block_stacks)
     return config, params
 
 
 def _stack_blocks(per_layer: list[BlockWeights]) -> BlockWeights:
     return BlockWeights(*(None if a[0] is None else jnp.asarray(np.stack(a)) for a in zip(*per_layer)))
+
+
+# Block stacks read by one kernel call each (`model.project_parts`): their outputs side by side.
+FUSED_BLOCKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def fuse_block_stacks(stacks: dict[str, BlockWeights]) -> dict[str, BlockWeights]:
+    """q/k/v and gate/up each as one stack of their output rows concatenated, where every part has
+    blocks of one kind: one kernel call instead of three or two, each output the same sum (the
+    calls' fixed cost was ~13 us each, a tenth of a batch-1 decode step; docs/performance.md
+    section 43). A part without blocks leaves its group as it is."""
+    out = dict(stacks)
+    for fused, parts in FUSED_BLOCKS.items():
+        found = [stacks.get(part) for part in parts]
+        if all(f is not None for f in found) and len({(f.codes.shape[-1], f.offset is None) for f in found}) == 1:
+            out[fused] = BlockWeights(*(None if a[0] is None else jnp.concatenate(a, axis=-2) for a in zip(*found)))
+            for part in parts:
+                del out[part]
+    return out
 
 
 class _TensorFiles:

@@ -186,6 +186,21 @@ def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: j
     return x @ w_t.T
 
 
+def project_parts(w: dict, x: jax.Array, fused: str, parts: tuple[str, ...], sizes: tuple[int, ...],
+                  cpu_kernel: bool = False, layer: jax.Array | None = None, blocks: dict | None = None,
+                  index: jax.Array | int = 0) -> list[jax.Array]:
+    """The `parts` projections of x (outputs of `sizes`): where `project` would read blocks and the
+    loader fused them (`loader.FUSED_BLOCKS`), one kernel call over the `fused` stack, split (the
+    same bits: every output is its own sum); else one `project` each."""
+    first = w.get(parts[0] + "_t")
+    if (blocks and fused in blocks and first is not None and _kernel_rows(cpu_kernel, x, first)
+            and x.shape[0] <= BLOCKS_MAX_ROWS):
+        from jax_backend import cpu_kernels
+
+        return jnp.split(cpu_kernels.rows_matmul_blocks(x, blocks[fused], index), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+    return [project(w, x, name, cpu_kernel, layer, blocks, index) for name in parts]
+
+
 def _layers(params, config, kv_pool, batch, aux_layer_ids):
     """Embedding and decoder layers: (h [T, H], aux [T, n_aux*H], new_kv [L, T, 2*Hkv, D])."""
     num_layers, num_pages, page_size, num_combined, head_dim = kv_pool.shape
@@ -210,14 +225,14 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
     blocks = params.get("blocks")  # stacks read with the layer index in every layer loop
 
     def layer(h, w, index):
-        mm = functools.partial(project, w, cpu_kernel=batch.cpu_matmul, layer=index if stacked_kernel else None,
-                               blocks=blocks, index=index)
+        where = dict(cpu_kernel=batch.cpu_matmul, layer=index if stacked_kernel else None, blocks=blocks, index=index)
+        mm = functools.partial(project, w, **where)
         x = rms_norm(h, w["input_norm"], eps)
         if "qkv_proj" in w or "qkv_proj_t" in w:
             qkv = mm(x, "qkv_proj")
             q, k, v = qkv[:, :q_dim], qkv[:, q_dim : q_dim + kv_dim], qkv[:, q_dim + kv_dim :]
         else:
-            q, k, v = mm(x, "q_proj"), mm(x, "k_proj"), mm(x, "v_proj")
+            q, k, v = project_parts(w, x, "qkv_proj", ("q_proj", "k_proj", "v_proj"), (q_dim, kv_dim, kv_dim), **where)
         q = q.reshape(num_tokens, num_heads, head_dim)
         k = k.reshape(num_tokens, num_kv_heads, head_dim)
         v = v.reshape(num_tokens, num_kv_heads, head_dim)
@@ -247,7 +262,8 @@ def _layers(params, config, kv_pool, batch, aux_layer_ids):
         if "gate_up_proj" in w or "gate_up_proj_t" in w:
             gate, up = jnp.split(mm(x, "gate_up_proj"), 2, axis=-1)
         else:
-            gate, up = mm(x, "gate_proj"), mm(x, "up_proj")
+            inner = config.intermediate_size
+            gate, up = project_parts(w, x, "gate_up_proj", ("gate_proj", "up_proj"), (inner, inner), **where)
         h = h + mm(jax.nn.silu(gate) * up, "down_proj")
         return h, interleave_kv(k, v)
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_backend import TargetRunner
+from jax_backend.loader import FUSED_BLOCKS
 from jax_backend.model import BLOCKS_MAX_ROWS
 
 
@@ -71,5 +72,6 @@ def weight_bytes_read(runner: TargetRunner, rows: int) -> int:
     if not (runner.cpu_matmul and blocks and rows <= BLOCKS_MAX_ROWS):
         return target_bytes(runner)
     layers = runner.params["layers"]
-    replaced = sum((runner.params["lm_head"] if name == "lm_head" else layers[f"{name}_t"]).nbytes for name in blocks)
+    parts = [part for name in blocks for part in FUSED_BLOCKS.get(name, (name,))]  # a fused stack's parts
+    replaced = sum((runner.params["lm_head"] if name == "lm_head" else layers[f"{name}_t"]).nbytes for name in parts)
     return target_bytes(runner) - replaced + sum(x.nbytes for x in jax.tree_util.tree_leaves(blocks))

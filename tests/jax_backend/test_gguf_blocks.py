@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jax_backend import SeqInput, TargetRunner, blocks, cpu_kernels, model, steps
+from jax_backend import SeqInput, TargetRunner, blocks, cpu_kernels, loader, model, steps
 from jax_backend.blocks import BlockWeights
 from tests.jax_backend.test_cpu_matmul import _greedy_run
 from tests.tiny_checkpoints import make_tiny_target
@@ -132,8 +132,8 @@ def test_a_runner_reading_blocks_gets_the_float32_runners_bits(quantized, layer_
     make = functools.partial(TargetRunner, quantized, page_size=8, max_total_tokens=1024, max_num_seqs=4,
                              aux_layer_ids=(1,), layer_loop=layer_loop)
     with_blocks, without = make(), make(gguf_blocks=False)
-    assert sorted(with_blocks.params["blocks"]) == ["down_proj", "gate_proj", "k_proj", "lm_head", "o_proj",
-                                                    "q_proj", "up_proj", "v_proj"]
+    # q/k/v and gate/up read as one fused stack each (`loader.fuse_block_stacks`)
+    assert sorted(with_blocks.params["blocks"]) == ["down_proj", "gate_up_proj", "lm_head", "o_proj", "qkv_proj"]
     assert "blocks" not in without.params
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 256, n).tolist() for n in (3, 30)]
@@ -146,7 +146,11 @@ def test_a_runner_reading_blocks_gets_the_float32_runners_bits(quantized, layer_
     greedy = (np.zeros(1, np.float32), np.ones(1, np.float32), np.zeros(1, np.int32))
     sample = with_blocks._jitted(with_blocks._sample_steps, "greedy", steps.sample_step)
     text = sample.lower(with_blocks._step_params, with_blocks.kv_pool, batch, *greedy, None).as_text()
-    assert cpu_kernels.BLOCKS_TARGET in text
+    config = with_blocks.config
+    fused_width = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    calls = [line for line in text.splitlines() if cpu_kernels.BLOCKS_TARGET in line]
+    assert any(f"x{fused_width}xf32>" in line for line in calls)  # q/k/v in one call
+    assert any(f"x{2 * config.intermediate_size}xf32>" in line for line in calls)  # gate/up in one
 
 
 def test_blocks_that_do_not_decode_to_the_weights_are_not_used(tmp_path):
@@ -156,8 +160,31 @@ def test_blocks_that_do_not_decode_to_the_weights_are_not_used(tmp_path):
     stale = kept[name]._replace(scale=kept[name].scale * 2)  # e.g. a blocks file from another export
     blocks.save_blocks(f"{directory}/{blocks.BLOCKS_FILE}", {**kept, name: stale})
     runner = TargetRunner(directory, page_size=8, max_total_tokens=256, max_num_seqs=2)
-    assert "up_proj" not in runner.params["blocks"]  # one layer's stale: the whole stack reads float32
-    assert "down_proj" in runner.params["blocks"]
+    # one layer's stale: the whole up stack reads float32, and gate's blocks stay unfused
+    assert "up_proj" not in runner.params["blocks"] and "gate_up_proj" not in runner.params["blocks"]
+    assert {"gate_proj", "qkv_proj", "down_proj"} <= set(runner.params["blocks"])
+
+
+def test_fused_stacks_are_their_parts_outputs_side_by_side():
+    """`loader.fuse_block_stacks`: q/k/v and gate/up each as one stack whose output rows are the
+    parts' in order (the kernel's outputs then are the parts' bits, split), only where every part
+    has blocks of one kind; a group with a part missing or of another kind stays as it is."""
+    rng = np.random.default_rng(11)
+    stacks = {name: random_blocks(rng, (2, n, 64), "Q4_1") for name, n in
+              (("q_proj", 64), ("k_proj", 32), ("v_proj", 32), ("gate_proj", 96), ("o_proj", 64))}
+    stacks["up_proj"] = random_blocks(rng, (2, 96, 64), "Q8_0")  # another kind than gate's
+    fused = loader.fuse_block_stacks({name: BlockWeights(*map(_device, b)) for name, b in stacks.items()})
+    assert sorted(fused) == ["gate_proj", "o_proj", "qkv_proj", "up_proj"]
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
+    whole = np.asarray(cpu_kernels.rows_matmul_blocks(x, fused["qkv_proj"], 1))
+    parts = [np.asarray(cpu_kernels.rows_matmul_blocks(x, BlockWeights(*map(_device, stacks[n])), 1))
+             for n in ("q_proj", "k_proj", "v_proj")]
+    np.testing.assert_array_equal(whole, np.concatenate(parts, axis=-1))
+    assert "gate_up_proj" not in loader.fuse_block_stacks({"gate_proj": fused["gate_proj"]})
+
+
+def _device(array):
+    return None if array is None else jnp.asarray(array)
 
 
 def test_no_blocks_without_the_cpu_matmul_kernel(quantized):

@@ -82,7 +82,8 @@ def test_the_real_target_reading_blocks_gets_the_float32_bits(converted):
         runner = TargetRunner(converted, page_size=16, max_total_tokens=128, max_num_seqs=2, gguf_blocks=gguf_blocks)
         assert ("blocks" in runner.params) == gguf_blocks
         if gguf_blocks:
-            assert len(runner.params["blocks"]) == 8  # 7 projections + the lm_head
+            # q/k/v and gate/up fused (`loader.fuse_block_stacks`), o, down and the lm_head
+            assert sorted(runner.params["blocks"]) == ["down_proj", "gate_up_proj", "lm_head", "o_proj", "qkv_proj"]
         table = runner.allocator.allocate("s", 32)
         runner.forward([SeqInput(ids, 0, table)])
         decode = runner.forward([SeqInput([ids[-1]], len(ids), table, logits="all")]).logits[0]
