@@ -197,7 +197,8 @@ def project_parts(w: dict, x: jax.Array, fused: str, parts: tuple[str, ...], siz
             and x.shape[0] <= BLOCKS_MAX_ROWS):
         from jax_backend import cpu_kernels
 
-        return jnp.split(cpu_kernels.rows_matmul_blocks(x, blocks[fused], index), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+        y = cpu_kernels.rows_matmul_blocks(x, blocks[fused], index)
+        return jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
     return [project(w, x, name, cpu_kernel, layer, blocks, index) for name in parts]
 
 
