@@ -157,6 +157,11 @@ def _kernel_rows(cpu_kernel: bool, x: jax.Array, w: jax.Array) -> bool:
     return cpu_kernel and x.shape[0] <= CPU_MATMUL_MAX_ROWS and x.dtype == w.dtype == jnp.float32
 
 
+def _reads_blocks(blocks: dict | None, name: str, x: jax.Array) -> bool:
+    """A kernel step (`_kernel_rows`) of x reads the stack `name` as blocks."""
+    return bool(blocks) and name in blocks and x.shape[0] <= BLOCKS_MAX_ROWS
+
+
 def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: jax.Array | None = None,
             blocks: dict | None = None, index: jax.Array | int = 0) -> jax.Array:
     """x [T, in] @ the layer's weight `name`. Stored out-major (`out_major_layers`: name + "_t",
@@ -176,7 +181,7 @@ def project(w: dict, x: jax.Array, name: str, cpu_kernel: bool = False, layer: j
     if _kernel_rows(cpu_kernel, x, w_t):
         from jax_backend import cpu_kernels
 
-        if blocks and name in blocks and x.shape[0] <= BLOCKS_MAX_ROWS:
+        if _reads_blocks(blocks, name, x):
             return cpu_kernels.rows_matmul_blocks(x, blocks[name], index)
         return cpu_kernels.rows_matmul(x, w_t, layer)
     if layer is not None:
@@ -193,8 +198,7 @@ def project_parts(w: dict, x: jax.Array, fused: str, parts: tuple[str, ...], siz
     loader fused them (`loader.FUSED_BLOCKS`), one kernel call over the `fused` stack, split (the
     same bits: every output is its own sum); else one `project` each."""
     first = w.get(parts[0] + "_t")
-    if (blocks and fused in blocks and first is not None and _kernel_rows(cpu_kernel, x, first)
-            and x.shape[0] <= BLOCKS_MAX_ROWS):
+    if first is not None and _kernel_rows(cpu_kernel, x, first) and _reads_blocks(blocks, fused, x):
         from jax_backend import cpu_kernels
 
         y = cpu_kernels.rows_matmul_blocks(x, blocks[fused], index)

@@ -5,6 +5,7 @@ env CASES (default "1x1 4x1 1x8 1x16 4x4"), ROUNDS (3); argv[1]: context (256)."
 import os, sys, time
 import numpy as np
 from jax_backend import SeqInput, TargetRunner, loader
+from runner_steps import step_fns  # (this folder)
 
 M = "cache/models/SmolLM2-135M-Instruct"
 ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 256
@@ -23,15 +24,7 @@ loader.fuse_block_stacks = fuse
 rng = np.random.default_rng(1)
 for batch, k in [tuple(map(int, c.split("x"))) for c in os.environ.get("CASES", "1x1 4x1 1x8 1x16 4x4").split()]:
     tokens = rng.integers(0, 49152, (batch, k))
-    fns, outs = {}, {}
-    for name, (r, tables) in runners.items():
-        if k == 1:
-            seqs = [SeqInput([int(t[0])], ctx, tables[i]) for i, t in enumerate(tokens)]
-            fns[name] = lambda r=r, seqs=seqs: r.sample(seqs, [0.0] * batch, [1.0] * batch, [0] * batch)
-        else:
-            seqs = [SeqInput(t.tolist(), ctx, tables[i], "all") for i, t in enumerate(tokens)]
-            fns[name] = lambda r=r, seqs=seqs: r.verify(seqs)
-        outs[name] = fns[name]()
+    fns, outs = step_fns(runners, tokens, ctx)
     a, b = outs["separate"], outs["fused"]
     fields = ("tokens", "features") if k == 1 else ("accepted", "bonus", "features")
     same = all(np.array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f))) for f in fields)
