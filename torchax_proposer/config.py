@@ -87,6 +87,29 @@ class DFlashConfig:
         """Width of the context features the drafter consumes: one hidden state per target layer."""
         return len(self.target_layer_ids) * self.hidden_size
 
+    def held_out_acceptance(self, block_size: int) -> np.ndarray | None:
+        """[block_size - 1] the drafter's measured acceptance of draft i given that the drafts
+        before it passed, from the held-out evaluation its training wrote into config.json
+        (`training.held_out.B<b>.accept_rate_per_position`: the fraction of blocks of b that
+        accepted at least i drafts) at the largest block b <= `block_size` measured; positions past
+        it count as never accepted (none was measured there). None where the checkpoint has no such
+        list (a z-lab one) or what it has is not one."""
+        training = self.raw.get("training")
+        held_out = training.get("held_out") if isinstance(training, dict) else None
+        blocks = [int(k[1:]) for k in held_out if k[1:].isdigit()] if isinstance(held_out, dict) else []
+        measured = max((b for b in blocks if 2 <= b <= block_size), default=None)
+        if measured is None or not isinstance(held_out[f"B{measured}"], dict):
+            return None
+        try:
+            rates = np.asarray(held_out[f"B{measured}"].get("accept_rate_per_position"), np.float64)
+        except (TypeError, ValueError):
+            return None
+        if rates.shape != (measured - 1,) or not np.all((rates >= 0) & (rates <= 1)) or np.any(np.diff(rates) > 0):
+            return None
+        before = np.concatenate([[1.0], rates[:-1]])
+        passed = np.divide(rates, before, out=np.zeros_like(rates), where=before > 0)
+        return np.pad(passed, (0, block_size - measured))
+
     def check_token_map(self, token_map: Any) -> np.ndarray:
         """A hot-token map's ids (int64 [K]), or ValueError naming what is wrong with it."""
         ids = np.asarray(token_map, np.int64).reshape(-1)

@@ -345,10 +345,12 @@ class DFlashProposer:
         return states, inputs, statics
 
     def read_len(self, seq_ids: Sequence[Any]) -> int:
-        """The cache window a draft of these sequences reads: their committed context (cached +
-        pending rows, written first). A static shape: each window is a program of its own."""
-        longest = max((self._state(s).committed_len for s in seq_ids), default=0)
-        return min(self.max_context_len, max(self.min_read_len, next_power_of_two(longest)))
+        """`window` of these sequences' longest committed context (cached + pending rows)."""
+        return self.window(max((self._state(s).committed_len for s in seq_ids), default=0))
+
+    def window(self, committed_len: int) -> int:
+        """The cache window a draft reads at `committed_len` rows (a static shape: a program per window)."""
+        return min(self.max_context_len, max(self.min_read_len, next_power_of_two(committed_len)))
 
     @staticmethod
     def _drafted(states: list[_SeqState]) -> None:

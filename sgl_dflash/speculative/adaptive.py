@@ -29,7 +29,8 @@ plain when the plain step's cost was last measured `refresh_every` steps ago. Ev
 `explore_every`-th step, shapes and draft blocks not measured recently look cheaper than
 predicted (`explore_discount`), so a choice that may be better gets measured; a program never
 compiled also carries a share of its compile time. At a load where drafts may not pay even for a
-typical request (`drafts_may_pay`), a joining request gets no drafter context (NONE's steps).
+typical request (`drafts_may_pay`; before evidence, by the drafter's held-out acceptance), a
+joining request gets no drafter context (NONE's steps).
 Where steps with drafter context already ran at a load, what they realized decides instead
 (`realized.RealizedGains`): below what context costs, joining requests get none and the running
 ones lose theirs.
@@ -151,12 +152,10 @@ class AdaptivePolicy:
                  explore_every: int = 8, explore_discount: float = 0.7, compile_horizon: int = 64,
                  refresh_every: int = 32, min_gain: float = 0.05, probe_slack: float = 0.25,
                  admit_ratio: float = 1.05, admit_evidence: int = 32, realized: RealizedGains | None = None,
-                 context_cost: float = 0.03):
+                 context_cost: float = 0.03, prior_acceptance: np.ndarray | None = None):
         self.num_drafts = num_drafts  # P = B - 1: drafts per request of the drafter's full block
         self.blocks = draft_blocks(num_drafts + 1)
-        self.probe_every = probe_every
-        self.learning_rate = learning_rate
-        self.estimate_decay = estimate_decay
+        self.probe_every, self.learning_rate, self.estimate_decay = probe_every, learning_rate, estimate_decay
         # Each idle step an undrafted request's estimate moves `idle_relax` of the way back to its
         # long-run mean (`mean_decay`: that mean's EMA weight); else one step of low confidence
         # kept it low until the next probe (gsm8k at one request: half its steps plain).
@@ -176,8 +175,9 @@ class AdaptivePolicy:
         # A probe is drafted only if expected to lose at most `probe_slack` of the plain rate.
         self.probe_slack = probe_slack
         # `drafts_may_pay`: context where a typical request's drafts clear a drafted step's bar
-        # (1 + `min_gain`); at 1.0 batches of 8 got it, drafted 0-7% of steps, lost 2-6%.
-        self.admit_ratio, self.admit_evidence = admit_ratio, admit_evidence
+        # (1 + `min_gain`; at 1.0 batches of 8 got it, drafted 0-7% of steps, lost 2-6%); before
+        # `admit_evidence` drafts were read, by the drafter's held-out acceptance [P] (or None).
+        self.admit_ratio, self.admit_evidence, self.prior_acceptance = admit_ratio, admit_evidence, prior_acceptance
         # What drafter context costs a step, as a fraction of its tokens: adaptive with no
         # drafting ran at 0.95-0.98x NONE (docs/adaptive.md, 2026-11-27 night).
         self.context_cost = context_cost
@@ -221,7 +221,7 @@ class AdaptivePolicy:
         draftable = np.ones(n, bool) if draftable is None else np.asarray(draftable, bool)
         states = [self._state(s) for s in slots]
         gains = np.cumprod(np.stack([s.estimate for s in states]), axis=1) * draftable[:, None]
-        plain_rate = n / self.step_cost(np.ones(n, np.int64))
+        plain_rate = n / self.shape_cost(step_shape(np.ones(n, np.int64)))
         best_rate, best_k, block = plain_rate * (1 + self.min_gain), np.zeros(n, np.int64), 0
         probe_block, probe_rate = self.blocks[0], 0.0  # the drafting block valued most, paying or not
         verify_costs: dict[tuple[int, int, int], float] = {}  # the blocks' allocations share shapes
@@ -261,22 +261,24 @@ class AdaptivePolicy:
 
     def drafts_may_pay(self, n: int) -> bool:
         """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
-        a drafted allocation at `admit_ratio` x the plain rate or better; yes until `admit_evidence`
-        first drafts were read (`Calibrator.drafts_seen`; at 64 verified ones, one prompt of 128
-        tokens left the first batch of 8 admitted on none). Where not, a joining request gets no
-        drafter context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th.
-        Where 256 request-steps with context ran at this load, what they realized decides instead
-        (`context_lost`)."""
+        a drafted allocation at `admit_ratio` x the plain rate or better. Until `admit_evidence`
+        first drafts were read (`Calibrator.drafts_seen`) the drafter's held-out acceptance
+        (`prior_acceptance`) stands in, and without one the answer is yes (a first batch of 32 got
+        context for nothing: ~5% of NONE's time, docs/adaptive.md 2026-12-06). Where not, a joining
+        request gets no drafter context (ingest, commits, probes: ~3% of NONE's step for nothing),
+        but every 64th. Where 256 request-steps with context ran at this load, what they realized
+        decides instead (`context_lost`)."""
         if self.realized.context_gain(n) is not None:
             return not self.context_lost(n)
-        if self.calibrator.drafts_seen(GREEDY) < self.admit_evidence:
-            return True
-        return self.typical_gain(n) >= self.admit_ratio
+        if self.calibrator.drafts_seen(GREEDY) >= self.admit_evidence:
+            return self.typical_gain(n) >= self.admit_ratio
+        return self.prior_acceptance is None or self.typical_gain(n, self.prior_acceptance) >= self.admit_ratio
 
-    def typical_gain(self, n: int) -> float:
+    def typical_gain(self, n: int, means: np.ndarray | None = None) -> float:
         """The best drafted allocation's predicted tokens per second for n requests of the typical
-        acceptance (`Calibrator.typical_means`, greedy), over the plain step's."""
-        gains = np.tile(np.cumprod(self.calibrator.typical_means(GREEDY)), (n, 1))
+        acceptance (`means` [P], default `Calibrator.typical_means`, greedy), over the plain step's."""
+        means = self.calibrator.typical_means(GREEDY) if means is None else means
+        gains = np.tile(np.cumprod(means[: self.num_drafts]), (n, 1))
         candidates, best = allocations(gains), 0.0
         # Costs as predicted, not as an exploring step sees them (one admission in 8 fell on one:
         # a batch of 8 was let in at 1.32 for 0.93).
@@ -286,7 +288,7 @@ class AdaptivePolicy:
                 draft_cost = self.draft_cost(n, b)
                 for a in (a for a in candidates if a.cap < 2 * b):
                     best = max(best, (n + a.gain) / (draft_cost + self.shape_cost(a.shape)))
-            return best / (n / self.step_cost(np.ones(n, np.int64)))
+            return best / (n / self.shape_cost(step_shape(np.ones(n, np.int64))))
         finally:
             self._judging = False
 
@@ -328,9 +330,6 @@ class AdaptivePolicy:
     def plain_seconds(self, n: int) -> float:
         """Predicted seconds of a plain step of n requests (measured: no exploration, no compile)."""
         return self.cost.overhead + self.cost.verify(step_shape(np.ones(n, np.int64)))
-
-    def step_cost(self, q_lens: np.ndarray) -> float:
-        return self.shape_cost(step_shape(q_lens))
 
     def shape_cost(self, shape: tuple[int, int, int]) -> float:
         """Seconds of a verify step of this (S, T, Q) shape, as the choice sees it (`_explored`)."""

@@ -69,7 +69,8 @@ class AdaptiveDFlashWorker(DFlashWorker):
 
     def __init__(self, server_args: Any):
         super().__init__(server_args)
-        self.policy = AdaptivePolicy(self.block_size - 1)
+        self.policy = AdaptivePolicy(self.block_size - 1,
+                                     prior_acceptance=self.proposer.config.held_out_acceptance(self.block_size))
         self.admitted = 0  # requests prefilled
         self.measuring: set[int] = set()  # slots given context only to keep measuring (`MEASURED_EVERY`)
         # The last drafted step's (n, tokens, seconds, a plain step's predicted seconds, drafted
@@ -100,6 +101,10 @@ class AdaptiveDFlashWorker(DFlashWorker):
         self._realize(0.0)  # the next wait is the prompts' ingest, not the last step's
         result, out = self.target_worker.forward_extend(batch)
         result.num_draft_tokens = self.block_size - 1
+        # Priced at the context these requests decode at: what is compiled there (else at the last
+        # step's, or none: a fresh engine's first batch of 32 read a compile into every program).
+        contexts = [prefix + len(ids) for prefix, ids in zip(batch.prefix_lens, batch.input_ids)]
+        self.policy.cost.at(self.runner.context_pages(contexts), self.proposer.window(max(contexts)))
         may_pay = self.policy.drafts_may_pay(len(self.policy.requests) + len(batch.slots))
         for slot, features, temperature in zip(batch.slots, out.features, batch.sampling_info.temperatures):
             self.admitted += 1

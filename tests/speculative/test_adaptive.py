@@ -381,3 +381,22 @@ def test_adaptive_sampling_matches_target_distribution(lengths, config, adaptive
     assert p_value > 1e-3, p_value
     hist = np.sum([o["meta_info"]["spec_correct_drafts_histogram"][:3] for o in outs], axis=0)
     assert hist[0] > 0 and hist[1:].sum() > NUM_SAMPLES // 50, hist  # drafts accepted and rejected
+
+
+def test_admission_is_priced_at_the_joining_requests_context_with_the_drafters_prior(adaptive_engine, monkeypatch):
+    """A joining request's admission reads the cost model at the context it decodes at (what is
+    compiled there, not wherever the last step left it). Before evidence the drafter's held-out
+    acceptance prices it, where its config.json records one (this drafter, trained without a
+    held-out split, has none: the rule is yes until evidence, tests/speculative/test_adaptive_policy.py;
+    the shipped one's record: tests/torchax_proposer/test_held_out_acceptance.py)."""
+    worker = adaptive_engine.scheduler.worker
+    assert worker.proposer.config.held_out_acceptance(worker.block_size) is None
+    assert worker.policy.prior_acceptance is None
+    cost, priced = worker.policy.cost, []
+    monkeypatch.setattr(worker.policy, "drafts_may_pay", lambda n: priced.append((cost.width, cost.draft_window)) or True)
+    for length in (5, 150):
+        cost.at(0, 0)
+        adaptive_engine.generate(input_ids=[[3 + i % 13 for i in range(length)]],
+                                 sampling_params={"temperature": 0.0, "max_new_tokens": 2, "ignore_eos": True})
+        assert priced[-1] == (worker.runner.context_pages([length]), worker.proposer.window(length))
+    assert priced[0] != priced[1]  # two contexts, two sets of programs

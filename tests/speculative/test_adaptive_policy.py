@@ -628,6 +628,26 @@ def test_drafts_may_pay_where_a_typical_request_gains_at_that_load():
     assert policy.calibrator.position_trials[GREEDY, 0] == 2.0 and not policy.drafts_may_pay(8)
 
 
+def test_before_evidence_the_drafters_held_out_acceptance_prices_a_load():
+    """With the drafter's held-out acceptance (`prior_acceptance`), a load is priced from the first
+    request on (without it: yes until `admit_evidence` drafts, and a first batch of 32 got context
+    for nothing); the drafts read here decide once there are enough of them."""
+    policy = AdaptivePolicy(3, prior_acceptance=np.array([0.8, 0.75, 0.7]))
+    policy.draft_cost = lambda batch, block: 0.0
+    policy.shape_cost = by_rows(1.0)  # a verify costs its token rows: drafts below 1 cannot pay
+    assert not policy.drafts_may_pay(32) and not policy.drafts_may_pay(8)
+    policy.shape_cost = by_rows(0.01, fixed=1.0)  # rows nearly free: they pay
+    assert policy.drafts_may_pay(32) and policy.drafts_may_pay(8)
+    policy.prior_acceptance = np.array([0.01, 0.0, 0.0])  # a drafter measured to fail: not even then
+    assert not policy.drafts_may_pay(8)
+    policy.prior_acceptance = None
+    assert policy.drafts_may_pay(8)  # no prior: yes until evidence
+    policy.prior_acceptance = np.array([0.01, 0.0, 0.0])
+    outcomes = np.ones((40, 3))  # 40 first drafts read here, every one passed: they decide
+    policy.calibrator.observe(np.zeros(40, np.int64), None, outcomes, np.ones((40, 3), bool))
+    assert policy.drafts_may_pay(8)
+
+
 def test_a_typical_request_is_judged_by_every_draft_not_only_the_verified_ones():
     """The policy verifies confident drafts, so the outcomes it observes lean high for a typical
     request; the typical acceptance per position (what `drafts_may_pay` reads) is the calibrated

@@ -1,0 +1,56 @@
+"""`DFlashConfig.held_out_acceptance`: the drafter's measured per-position acceptance, read from
+the held-out evaluation its training wrote into config.json (the adaptive policy's prior)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from sgl_dflash.tools.demo import DEFAULT_DRAFTER
+from torchax_proposer.config import DFlashConfig
+
+
+@pytest.fixture(scope="module")
+def shipped() -> DFlashConfig:
+    return DFlashConfig.from_pretrained(DEFAULT_DRAFTER)
+
+
+def test_the_shipped_drafters_acceptance_per_position(shipped):
+    held_out = shipped.raw["training"]["held_out"]
+    for block in (4, 8):  # conditional passes whose running product is the measured rate
+        passed = shipped.held_out_acceptance(block)
+        assert passed.shape == (block - 1,) and np.all((passed > 0) & (passed < 1))
+        np.testing.assert_allclose(np.cumprod(passed), held_out[f"B{block}"]["accept_rate_per_position"], rtol=1e-12)
+    # A larger block than measured: the largest measured one, then drafts never counted on.
+    np.testing.assert_array_equal(shipped.held_out_acceptance(16), np.pad(shipped.held_out_acceptance(8), (0, 8)))
+    np.testing.assert_array_equal(shipped.held_out_acceptance(6), np.pad(shipped.held_out_acceptance(4), (0, 2)))
+    assert shipped.held_out_acceptance(2) is None  # nothing measured at or below 2
+
+
+def with_training(shipped: DFlashConfig, edit) -> DFlashConfig:
+    raw = copy.deepcopy(shipped.raw)
+    edit(raw)
+    return DFlashConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda raw: raw.pop("training"),  # a z-lab checkpoint
+    lambda raw: raw["training"].pop("held_out"),
+    lambda raw: raw["training"]["held_out"]["B8"].update(accept_rate_per_position=[0.8, 0.6]),  # too short
+    lambda raw: raw["training"]["held_out"]["B8"].update(accept_rate_per_position=[0.5, 0.6, 0.4, 0.3, 0.2, 0.1, 0.0]),
+    lambda raw: raw["training"]["held_out"]["B8"].update(accept_rate_per_position=[1.5] + [0.1] * 6),
+    lambda raw: raw["training"]["held_out"]["B8"].update(accept_rate_per_position="high"),
+    lambda raw: raw["training"]["held_out"].update(B8=None),
+    lambda raw: raw["training"].update(held_out=[0.8]),
+], ids=["no-training", "no-held-out", "wrong-length", "rising", "above-one", "not-numbers", "entry-null", "not-a-dict"])
+def test_no_usable_record_gives_none(shipped, edit):
+    config = with_training(shipped, edit)
+    assert config.held_out_acceptance(8) is None
+
+
+def test_a_zero_rate_gives_zero_after_it(shipped):
+    config = with_training(shipped, lambda raw: raw["training"]["held_out"]["B8"].update(
+        accept_rate_per_position=[0.5, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0]))
+    np.testing.assert_array_equal(config.held_out_acceptance(8), [0.5, 0.5, 0, 0, 0, 0, 0])
