@@ -96,7 +96,8 @@ class DFlashConfig:
         list (a z-lab one) or what it has is not one."""
         training = self.raw.get("training")
         held_out = training.get("held_out") if isinstance(training, dict) else None
-        blocks = [int(k[1:]) for k in held_out if k[1:].isdigit()] if isinstance(held_out, dict) else []
+        keys = held_out if isinstance(held_out, dict) else {}
+        blocks = [int(k[1:]) for k in keys if k[:1] == "B" and k[1:].isdigit()]
         measured = max((b for b in blocks if 2 <= b <= block_size), default=None)
         if measured is None or not isinstance(held_out[f"B{measured}"], dict):
             return None

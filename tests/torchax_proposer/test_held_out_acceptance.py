@@ -27,6 +27,9 @@ def test_the_shipped_drafters_acceptance_per_position(shipped):
     np.testing.assert_array_equal(shipped.held_out_acceptance(16), np.pad(shipped.held_out_acceptance(8), (0, 8)))
     np.testing.assert_array_equal(shipped.held_out_acceptance(6), np.pad(shipped.held_out_acceptance(4), (0, 2)))
     assert shipped.held_out_acceptance(2) is None  # nothing measured at or below 2
+    # Keys other than B<block> are not blocks.
+    other = with_training(shipped, lambda raw: raw["training"]["held_out"].update(X16={"tau": 2.0}, B16x={}))
+    np.testing.assert_array_equal(other.held_out_acceptance(16), shipped.held_out_acceptance(16))
 
 
 def with_training(shipped: DFlashConfig, edit) -> DFlashConfig:
