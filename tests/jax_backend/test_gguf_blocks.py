@@ -35,10 +35,11 @@ def random_blocks(rng, shape: tuple[int, ...], kind: str) -> BlockWeights:
 
 
 # (rows, K, N): every row count of a register tile (1-8), more rows in tiles of 8 and a remainder
-# (9, 16, 17, 33, 64; the AVX2 build decodes rows in cache instead), odd and even output counts,
-# widths past one thread's chunk and SmolLM2's shapes.
+# (9, 12, 15, 16, 17, 25, 33, 64; the AVX2 build decodes rows in cache instead), odd and even
+# output counts, widths past one thread's chunk and SmolLM2's shapes.
 SHAPES = [(1, 576, 1536), (1, 64, 13), (2, 1536, 576), (3, 96, 37), (4, 576, 192), (5, 64, 11), (6, 128, 40),
-          (7, 32, 9), (8, 576, 576), (9, 64, 50), (16, 576, 130), (17, 64, 24), (33, 128, 71), (64, 64, 20)]
+          (7, 32, 9), (8, 576, 576), (9, 64, 50), (12, 192, 33), (15, 64, 7), (16, 576, 130), (17, 64, 24),
+          (25, 64, 9), (33, 128, 71), (64, 64, 20)]
 
 
 @pytest.mark.parametrize("kind", blocks.KINDS)
