@@ -5,16 +5,12 @@ Two adaptive engines in one process need vm.max_map_count raised (262144 here; j
     python docs/adaptive/prior_admission_ab_2026-12-06.py --datasets mixed gsm8k mt-bench --batch-sizes 1 8 32 --repeats 2 --out OUT"""
 import sys
 
-from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.tools import bench_batches, bench_engines
 
 
 def make_engines(args) -> dict:
     engines = bench_engines.make_engines(args)
-    before = Engine(model_path=args.model_path, random_seed=0, speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=args.draft_model_path,
-                    speculative_token_map=args.speculative_token_map,
-                    speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
+    before = bench_engines.adaptive_engine(args)
     worker = before.scheduler.worker
     assert worker.policy.prior_acceptance is not None and engines["adaptive"].scheduler.worker.policy.prior_acceptance is not None
     worker.policy.prior_acceptance = None

@@ -8,16 +8,12 @@ the shapes it has, as before 2026-12-04).
 """
 import sys
 
-from sgl_dflash.entrypoints.engine import Engine
 from sgl_dflash.tools import bench_batches, bench_engines
 
 
 def make_engines(args) -> dict:
     engines = bench_engines.make_engines(args)
-    unread = Engine(model_path=args.model_path, random_seed=0, speculative_algorithm="DFLASH",
-                    speculative_draft_model_path=args.draft_model_path,
-                    speculative_token_map=args.speculative_token_map,
-                    speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
+    unread = bench_engines.adaptive_engine(args)
     cost = unread.scheduler.worker.policy.cost
     assert cost.startup, "the sweep took no readings"
     cost.startup.clear()

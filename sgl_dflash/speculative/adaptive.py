@@ -278,7 +278,7 @@ class AdaptivePolicy:
         """The best drafted allocation's predicted tokens per second for n requests of the typical
         acceptance (`means` [P], default `Calibrator.typical_means`, greedy), over the plain step's."""
         means = self.calibrator.typical_means(GREEDY) if means is None else means
-        gains = np.tile(np.cumprod(means[: self.num_drafts]), (n, 1))
+        gains = np.tile(np.cumprod(means), (n, 1))
         candidates, best = allocations(gains), 0.0
         # Costs as predicted, not as an exploring step sees them (one admission in 8 fell on one:
         # a batch of 8 was let in at 1.32 for 0.93).

@@ -11,17 +11,26 @@ from sgl_dflash import tools
 
 
 def make_engines(args) -> dict:
+    engines = {"NONE": _engine(args)}
+    for block in args.block_sizes:
+        engines[f"B={block}"] = _engine(args, speculative_num_draft_tokens=block)
+    engines["adaptive"] = adaptive_engine(args)
+    return engines
+
+
+def adaptive_engine(args):
+    """The bench's adaptive engine (also the second one of the in-process A/B records in docs/adaptive)."""
+    return _engine(args, speculative_num_draft_tokens=args.adaptive_bound, speculative_adaptive=True)
+
+
+def _engine(args, **spec):
+    """NONE's engine, or with `spec` (the draft tokens, adaptive) a DFLASH one with the bench's drafter."""
     from sgl_dflash.entrypoints.engine import Engine
 
-    common = dict(model_path=args.model_path, random_seed=0)
-    spec = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_model_path,
-                speculative_token_map=args.speculative_token_map)
-    engines = {"NONE": Engine(**common)}
-    for block in args.block_sizes:
-        engines[f"B={block}"] = Engine(**common, **spec, speculative_num_draft_tokens=block)
-    engines["adaptive"] = Engine(**common, **spec, speculative_num_draft_tokens=args.adaptive_bound,
-                                 speculative_adaptive=True)
-    return engines
+    if spec:
+        spec.update(speculative_algorithm="DFLASH", speculative_draft_model_path=args.draft_model_path,
+                    speculative_token_map=args.speculative_token_map)
+    return Engine(model_path=args.model_path, random_seed=0, **spec)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
