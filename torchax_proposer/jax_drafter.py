@@ -46,6 +46,39 @@ def model_params(model: DFlashDraftModel) -> Params:
     return params
 
 
+def bfloat16_linear_weights(model: DFlashDraftModel, params: Params, computed_in=jnp.float32) -> Params:
+    """`params` with each nn.Linear weight whose float32 values are all bfloat16 numbers (a bf16
+    checkpoint's, loaded as float32) held as bfloat16, where the drafter computes in float32
+    (`computed_in`; anything else, e.g. None when no `few_row_matmul` kernel is given, keeps
+    `params`): the kernel reads it so and gets the same float32 values from half the bytes
+    (`draft_weights` says where; docs/performance.md section 45)."""
+    if computed_in != jnp.float32:
+        return params
+    linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    out = dict(params)
+    for name in linear & set(params):
+        weight = params[name]
+        if weight.dtype == jnp.float32 and weight.shape[-1] % 32 == 0:
+            narrow = weight.astype(jnp.bfloat16)
+            if bool(jnp.array_equal(narrow.astype(jnp.float32), weight)):
+                out[name] = narrow
+    return out
+
+
+# Draft steps whose projections have at most this many rows read the bfloat16 weights (`draft_weights`).
+NARROW_ROWS = 16
+
+
+def draft_weights(wide, narrow, rows: int):
+    """The weights a draft step's products of `rows` rows read: `narrow` up to NARROW_ROWS, `wide`
+    past it. Narrow: a bf16 checkpoint's projections as bfloat16 (`bfloat16_linear_weights`),
+    the head as the target's GGUF blocks (`DFlashProposer(kernel_lm_head=)`): the CPU kernel
+    reads fewer bytes (propose at one request, block 2: 0.72x with bfloat16), where wide products
+    ran 1.1x slower (32-64 rows: compute-bound, and each weight decoded). Either way the same
+    float32 values; a signature's rows are fixed, so each compiles once."""
+    return narrow if rows <= NARROW_ROWS else wide
+
+
 def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len: int, dtype) -> tuple[Cache, Cache]:
     config = model.config
     shape = (max_num_seqs, config.num_key_value_heads, max_context_len + 1, config.head_dim)
@@ -81,7 +114,7 @@ def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = No
     matmul = _MATMUL.get()
     if rows > FEW_ROWS:
         y = x @ weight.T
-    elif matmul is not None and x.dtype == weight.dtype == jnp.float32:  # `few_row_matmul`
+    elif matmul is not None and x.dtype == jnp.float32 and weight.dtype in (jnp.float32, jnp.bfloat16):
         y = matmul(x.reshape(rows, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
     else:
         y = jax.lax.optimization_barrier(weight @ x.reshape(rows, x.shape[-1]).T).T
@@ -227,13 +260,29 @@ def draft_block(
         model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
         read_len=read_len, pending_rows=pending_rows,
     )
-    with lowering():
-        logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(hidden.dtype)))
-    logits = jax_view(logits).astype(jnp.float32)
+    if isinstance(lm_head, jax.Array):
+        with lowering():
+            logits = model.compute_logits(torch_view(hidden[:, 1:]), torch_view(lm_head.astype(hidden.dtype)))
+        logits = jax_view(logits).astype(jnp.float32)
+    else:  # the head as the few-row kernel reads it (`DFlashProposer(kernel_lm_head=)`)
+        logits = kernel_logits(model.config, hidden[:, 1:], lm_head)
     tokens, confidence = greedy_drafts(logits)
     if token_map is not None:
         tokens = token_map[tokens]
     return tokens, logits, confidence, k_cache, v_cache
+
+
+def kernel_logits(config, hidden: jax.Array, head) -> jax.Array:
+    """`DFlashDraftModel.compute_logits` of hidden [.., H] with the head in the `few_row_matmul`
+    kernel's own form (e.g. the target's GGUF blocks, decoding to its float32 lm_head): the
+    kernel's products, then the multiplier and softcap as compute_logits applies them, so the same
+    bits as the float32 head through `_few_row_linear`."""
+    flat = hidden.reshape(-1, hidden.shape[-1]).astype(jnp.float32)
+    logits = _MATMUL.get()(flat, head).reshape(*hidden.shape[:-1], -1) * config.output_multiplier
+    softcap = config.final_logit_softcapping
+    if softcap is not None and softcap > 0:
+        logits = jnp.tanh(logits / softcap) * softcap
+    return logits
 
 
 def greedy_drafts(logits: jax.Array) -> tuple[jax.Array, jax.Array]:

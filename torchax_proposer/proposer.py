@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import DrafterStateError
-from .jax_drafter import (JAX_DTYPES, DraftPath, as_numpy, init_draft_cache, model_params, next_power_of_two,
-                          replicated_over)
+from .jax_drafter import (JAX_DTYPES, DraftPath, as_numpy, bfloat16_linear_weights, draft_weights, init_draft_cache,
+                          model_params, next_power_of_two, replicated_over)
 from .jitted import jitted_drafter
 from .loader import load_draft_model, torch_dtype
 
@@ -58,7 +58,8 @@ class DFlashProposer:
 
     def __init__(self, draft_dir: str | Path, *, target_embed: Any, target_lm_head: Any, target_config: dict[str, Any],
                  max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",
-                 token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None):
+                 token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None,
+                 kernel_lm_head: Any = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`jax_drafter.few_row_matmul`)
         self.config = self.model.config
@@ -104,6 +105,10 @@ class DFlashProposer:
             )
             if self.token_map is not None:  # the mapped lm_head is a new, small array
                 self.lm_head = jax.device_put(self.lm_head, replicated)
+        self.narrow_params = bfloat16_linear_weights(self.model, self.params, few_row_matmul and self.dtype)
+        select = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
+        use_kernel_head = kernel_lm_head is not None and few_row_matmul is not None and self.dtype == jnp.float32
+        self.narrow_head = jax.tree.map(select, kernel_lm_head) if use_kernel_head else self.lm_head
         self._jit = jitted_drafter(self.config, self.block_size, self._matmul)
         self._blocks_used = {self.block_size}  # draft blocks asked for (their programs count too)
         self._seqs: dict[Any, _SeqState] = {}
@@ -170,11 +175,9 @@ class DFlashProposer:
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Drafts B-1 tokens per sequence: block [bonus, MASK x (B-1)] at positions L .. L+B-1
         (B = `block_size`, default the proposer's; a shorter block drafts fewer tokens).
-
         Returns np.int32 [n, B-1] (and float32 logits [n, B-1, V] when return_logits, or the
-        drafter's confidence [n, B-1] when return_confidence: the probability of each greedy
-        draft under the drafter's softmax (over the token map when there is one), computed on the
-        device so that only n x (B-1) floats cross to the host).
+        drafter's confidence [n, B-1] when return_confidence: each greedy draft's probability
+        under the drafter's softmax, over the token map if any, computed on the device).
         A DFlash 2 drafter returns its selector's greedy path; it has no logits to sample drafts
         from (its draws depend on the path so far): sampling goes through `propose_path`."""
         if return_logits and return_confidence:
@@ -191,8 +194,10 @@ class DFlashProposer:
                 return empty
             return empty, np.zeros(empty.shape + ((self.config.vocab_size,) if return_logits else ()), np.float32)
         states, inputs, statics = batch
+        params = draft_weights(self.params, self.narrow_params, len(inputs[-1]) * max(block, statics["pending_rows"]))
+        head = draft_weights(self.lm_head, self.narrow_head, len(inputs[-1]) * (block - 1))
         tokens, logits, confidence, self.k_cache, self.v_cache = jit.draft(
-            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map, **statics
+            params, self.embed, head, self.k_cache, self.v_cache, *inputs, self.token_map, **statics
         )
         self._drafted(states)
         if return_confidence:
@@ -381,20 +386,12 @@ class DFlashProposer:
             return
         pad = next_power_of_two(len(states)) - len(states)
         lens = [np.array([getattr(s, k) for s in states] + [0] * pad, np.int32) for k in ("num_pending", "cache_len", "slot")]
-        self.k_cache, self.v_cache = self._jit.flush(self.params, self.k_cache, self.v_cache, self.pending,
-                                                     *lens)
-        for state in states:
-            state.cache_len += state.num_pending
-            state.num_pending = 0
+        self.k_cache, self.v_cache = self._jit.flush(self.params, self.k_cache, self.v_cache, self.pending, *lens)
+        self._drafted(states)  # (the same bookkeeping: pending rows are cached now)
 
     def _extend(self, state: _SeqState, padded_rows: jax.Array, num_rows: int) -> None:
         """Appends padded_rows [1, bucket, n_aux*H] (first num_rows real) to the sequence's cache."""
-        self.k_cache, self.v_cache = self._jit.extend(
-            self.params,
-            self.k_cache,
-            self.v_cache,
-            padded_rows,
-            *[np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)],
-        )
+        lens = [np.array([value], np.int32) for value in (num_rows, state.cache_len, state.slot)]
+        self.k_cache, self.v_cache = self._jit.extend(self.params, self.k_cache, self.v_cache, padded_rows, *lens)
         state.cache_len += num_rows
 

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
+from jax_backend.blocks import BlockWeights
+
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cc", "rows_matmul.cc"))
@@ -45,6 +47,7 @@ HEADERS = (Path(__file__).with_name("common.h"),)
 TARGET = "sgl_dflash_paged_prefix_attention"
 MATMUL_TARGET = "sgl_dflash_rows_matmul"
 BLOCKS_TARGET = "sgl_dflash_rows_matmul_blocks"
+BF16_TARGET = "sgl_dflash_rows_matmul_bf16"
 RAGGED_TARGET = "sgl_dflash_ragged_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
@@ -109,7 +112,7 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, RAGGED_TARGET):
+        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
@@ -143,10 +146,15 @@ def ragged_attention(queries, new_keys, new_values, kv_pages, kv_lens, page_indi
 def rows_matmul(x, w, layer=None):
     """x [R, K] @ w.T as float32 [R, N], for out-major weights w [N, K], or w[layer].T for a layer
     stack w [L, N, K] and a traced layer index (the stack is read in place: no slice is copied).
-    float32 only; call `available()` first."""
+    x float32; w float32, or bfloat16 read as such and computed as its exact float32 values (the
+    bits of w.astype(float32) from half the bytes; K % 32 == 0), or GGUF blocks
+    (`rows_matmul_blocks`: the bits of their float32 weights). Call `available()` first."""
+    if isinstance(w, BlockWeights):
+        return rows_matmul_blocks(x, w, layer)
     if layer is None:
         w, layer = w[None], 0
-    call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))
+    target = BF16_TARGET if w.dtype == jnp.bfloat16 else MATMUL_TARGET  # bf16: widened in the kernel
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))
     return call(x, w, jnp.asarray(layer, jnp.int32).reshape(1))
 
 

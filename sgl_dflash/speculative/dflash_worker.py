@@ -164,6 +164,7 @@ class DFlashWorker:
             dtype=server_args.resolved_dtype,
             token_map=None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size),
             few_row_matmul=cpu_kernels.rows_matmul if self.runner.cpu_matmul else None,  # the target's CPU kernel
+            kernel_lm_head=self.runner.params.get("blocks", {}).get("lm_head"),  # its GGUF blocks, if any
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

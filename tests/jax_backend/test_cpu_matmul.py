@@ -127,3 +127,18 @@ def test_a_cpu_runner_steps_through_the_kernel_with_the_same_tokens(checkpoint, 
 def test_cpu_matmul_true_where_it_cannot_apply_is_an_error(checkpoint):
     with pytest.raises(ValueError, match="cpu_matmul=True needs one CPU device and dtype float32"):
         TargetRunner(checkpoint, dtype="bfloat16", max_total_tokens=64, cpu_matmul=True)
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 40), (3, 128, 7), (8, 576, 300), (13, 96, 33), (16, 96, 33),
+                                      (17, 576, 70), (32, 576, 192), (40, 64, 5)])
+def test_rows_matmul_reads_bfloat16_weights_as_their_float32_values(rows, k, n):
+    """bfloat16 weights (a bf16 drafter checkpoint's) are read as their exact float32 values: up to 16
+    rows decoded in registers, past 16 into scratch for the float32 tiles; either way the bits of the
+    float32 weights'."""
+    assert cpu_kernels.available()
+    rng = np.random.default_rng(rows + k)
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    w = jnp.asarray(rng.standard_normal((2, n, k), dtype=np.float32)).astype(jnp.bfloat16)
+    got = np.asarray(jax.jit(cpu_kernels.rows_matmul)(x, w, 1))
+    np.testing.assert_array_equal(got, np.asarray(cpu_kernels.rows_matmul(x, w[1].astype(jnp.float32))))
+    np.testing.assert_array_equal(np.asarray(cpu_kernels.rows_matmul(x, w[1])), got)
