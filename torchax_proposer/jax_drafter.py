@@ -46,14 +46,11 @@ def model_params(model: DFlashDraftModel) -> Params:
     return params
 
 
-def bfloat16_linear_weights(model: DFlashDraftModel, params: Params, computed_in=jnp.float32) -> Params:
+def bfloat16_linear_weights(model: DFlashDraftModel, params: Params) -> Params:
     """`params` with each nn.Linear weight whose float32 values are all bfloat16 numbers (a bf16
-    checkpoint's, loaded as float32) held as bfloat16, where the drafter computes in float32
-    (`computed_in`; anything else, e.g. None when no `few_row_matmul` kernel is given, keeps
-    `params`): the kernel reads it so and gets the same float32 values from half the bytes
-    (`draft_weights` says where; docs/performance.md section 45)."""
-    if computed_in != jnp.float32:
-        return params
+    checkpoint's, loaded as float32) held as bfloat16: a `few_row_matmul` kernel reads it so and
+    gets the same float32 values from half the bytes (`draft_weights` says where;
+    docs/performance.md section 45)."""
     linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     out = dict(params)
     for name in linear & set(params):

@@ -105,10 +105,10 @@ class DFlashProposer:
             )
             if self.token_map is not None:  # the mapped lm_head is a new, small array
                 self.lm_head = jax.device_put(self.lm_head, replicated)
-        self.narrow_params = bfloat16_linear_weights(self.model, self.params, few_row_matmul and self.dtype)
-        select = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
-        use_kernel_head = kernel_lm_head is not None and few_row_matmul is not None and self.dtype == jnp.float32
-        self.narrow_head = jax.tree.map(select, kernel_lm_head) if use_kernel_head else self.lm_head
+        narrow = few_row_matmul is not None and self.dtype == jnp.float32  # kernel: fewer bytes (`draft_weights`)
+        self.narrow_params = bfloat16_linear_weights(self.model, self.params) if narrow else self.params
+        mapped = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
+        self.narrow_head = jax.tree.map(mapped, kernel_lm_head) if narrow and kernel_lm_head is not None else self.lm_head
         self._jit = jitted_drafter(self.config, self.block_size, self._matmul)
         self._blocks_used = {self.block_size}  # draft blocks asked for (their programs count too)
         self._seqs: dict[Any, _SeqState] = {}

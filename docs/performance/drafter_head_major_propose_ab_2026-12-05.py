@@ -1,4 +1,4 @@
-"""Interleaved A/B of commit_block + propose at the proposer level: this checkout vs /tmp/base (a worktree of the previous commit), subprocesses alternating; args n x context x block, e.g. 1x300x8 1x1000x8 1x3000x8 8x300x4 (docs/performance.md section 40)."""
+"""Interleaved A/B of commit_block + propose at the proposer level: this checkout vs /tmp/base (a worktree of the previous commit), subprocesses alternating; args n x context x block, e.g. 1x300x8 1x1000x8 1x3000x8 8x300x4; env ROUNDS (3) (docs/performance.md sections 40 and 45)."""
 import json, os, subprocess, sys, numpy as np
 from pathlib import Path
 HERE = str(Path(__file__).resolve().parents[2])
@@ -33,7 +33,7 @@ print(json.dumps({"ms": float(np.median(ts) * 1e3), "drafts": np.asarray(out[0])
 '''
 cases = [tuple(map(int, c.split("x"))) for c in sys.argv[1:]]  # n x ctx x block
 res = {}
-for rnd in range(3):
+for rnd in range(int(os.environ.get("ROUNDS", 3))):
     for c in cases:
         for name, root in (("base", "/tmp/base"), ("new", HERE)) if rnd % 2 == 0 else (("new", HERE), ("base", "/tmp/base")):
             out = subprocess.run([sys.executable, "-c", CODE, *map(str, c)], cwd=root, capture_output=True, text=True,
