@@ -83,9 +83,11 @@ inline void exp_inplace(float* x, int64_t n) {
 // Asks for a cached position's K and V rows (2 * dim floats, adjacent in the pool) as a block's
 // pointers are gathered. A head's rows lie 2 * kv_heads rows apart, a stride the hardware
 // prefetchers follow poorly; requested up front, a block's cache misses overlap (decode attention
-// with its pool from memory: 0.72-0.75 of the time, docs/performance.md section 32).
+// with its pool from memory: 0.72-0.75 of the time, docs/performance.md section 32). Into L2, not
+// L1: a block's 128 keys are 64 KB of K/V, twice the L1, and asked into L1 they pushed each other
+// out before use (batch-32 decode attention 0.72-0.78x the time into L2, section 47).
 inline void prefetch_kv(const float* kv, int64_t dim) {
-  for (int64_t i = 0; i < 2 * dim; i += 16) __builtin_prefetch(kv + i, 0, 3);
+  for (int64_t i = 0; i < 2 * dim; i += 16) __builtin_prefetch(kv + i, 0, 2);
 }
 
 // Scratch of one worker thread: the scores of a key block [rows, kKeyBlock] and its K/V rows.

@@ -84,7 +84,8 @@ constexpr int kMidFirst = 13, kMidLast = 16, kMidTile = 6, kMidOutputs = 4;  // 
 // tile's weights, or null) is prefetched while this one computes, spread over the tile's `blocks`
 // row blocks: this one (`block`) takes every blocks-th cache line of each weight row. Prefetching
 // the whole next tile in the first row block's steps queued more misses than the core keeps in
-// flight.
+// flight. Into L2 (prefetcht1): at 4-16 rows a cold weight read 0.66-0.99x the time of asking
+// for it into L1, the same at 32 (docs/performance.md section 47).
 template <int RB, int NB, int NP>
 inline void accumulate(const float* x, const float* w, int64_t k_dim, int part0, vn* out, const float* next,
                        int64_t block, int64_t blocks) {
@@ -95,7 +96,7 @@ inline void accumulate(const float* x, const float* w, int64_t k_dim, int part0,
   const int64_t first = next ? 16 * block : k16, stride = 16 * blocks;
   for (int64_t k = 0, fetch = first; k < k16; k += 16) {
     if (k == fetch) {
-      for (int n = 0; n < NB; ++n) __builtin_prefetch(next + n * k_dim + k, 0, 3);
+      for (int n = 0; n < NB; ++n) __builtin_prefetch(next + n * k_dim + k, 0, 2);
       fetch += stride;
     }
     for (int p = 0; p < NP; ++p) {
@@ -236,6 +237,16 @@ inline float lane_sum(vn a) {
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
+// How many output rows ahead a decoded tile of 2+ rows asks for its weights (into L2), for bfloat16,
+// Q8_0 and Q4_1 (0: not at all; a build flag for experiments). At 4-16 rows the hardware's own
+// prefetch did not keep the bytes coming: a cold bfloat16 weight read 0.57-0.73x and the Q8_0
+// lm_head 0.79-0.85x the time with it; Q4_1, fewer bytes per product, is bound in the core
+// (docs/performance.md section 47). One row streams fast enough without it.
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2, 2, 0
+#endif
+constexpr int kPrefetchAhead[3] = {PREFETCH_AHEAD};
+
 // Outputs [n, n + G) of R rows from GGUF blocks (AVX-512: a vector is half a block), each weight
 // vector decoded in registers and used at once by every row: the same values, products and order
 // as `tile` over decoded rows, without storing and reloading them. Few outputs at a time: with 2-12
@@ -253,6 +264,8 @@ void decoded_tile(const Problem& p, int64_t n, int64_t r0) {  // rows [r0, r0 + 
     vn w0[G], w1[G];  // the block's two weight vectors of each output, decoded once
     for (int g = 0; g < G; ++g) {
       const uint8_t* codes = p.w.codes + (n + g) * row_bytes;
+      constexpr int ahead = kPrefetchAhead[Bits == 16 ? 0 : Bits == 8 ? 1 : 2];
+      if constexpr (R > 1 && ahead > 0) __builtin_prefetch(codes + ahead * row_bytes + b * 4 * Bits, 0, 2);
       if constexpr (Bits == 16) {
         w0[g] = (vn)bf16x16(codes + b * 64);
         w1[g] = (vn)bf16x16(codes + b * 64 + 32);
