@@ -1,4 +1,4 @@
-"""Interleaved A/B of commit_block + propose at the proposer level: this checkout vs /tmp/base (a worktree of the previous commit), subprocesses alternating; args n x context x block, e.g. 1x300x8 1x1000x8 1x3000x8 8x300x4; env ROUNDS (3) (docs/performance.md sections 40 and 45)."""
+"""Interleaved A/B of commit_block + propose at the proposer level: this checkout vs /tmp/base (a worktree of the previous commit), subprocesses alternating; args n x context x block, e.g. 1x300x8 1x1000x8 1x3000x8 8x300x4; env ROUNDS (3); env WORKER=1 builds the proposer as the DFLASH worker does (its target runner's embedding and head, and the Q8_0 head blocks for narrow steps; section 47) (docs/performance.md sections 40 and 45)."""
 import json, os, subprocess, sys, numpy as np
 from pathlib import Path
 HERE = str(Path(__file__).resolve().parents[2])
@@ -12,11 +12,17 @@ from torchax_proposer import DFlashProposer
 cpu_kernels.available()
 MODEL = os.environ["MODEL"]
 n, ctx, block = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-config, params = load_target(MODEL, "float32", None)
 tmap = json.load(open(DEFAULT_DRAFTER / "token_map.json"))
-p = DFlashProposer(DEFAULT_DRAFTER, target_embed=params["embed"], target_lm_head=params["lm_head"],
+if os.environ.get("WORKER") == "1":
+    from jax_backend import TargetRunner
+    r = TargetRunner(MODEL, page_size=16, max_total_tokens=4096, max_num_seqs=4, max_model_len=1024)
+    embed, head, head_blocks = r.embed, r.lm_head, r.params["blocks"]["lm_head"]
+else:
+    config, params = load_target(MODEL, "float32", None)
+    embed, head, head_blocks = params["embed"], params["lm_head"], None
+p = DFlashProposer(DEFAULT_DRAFTER, target_embed=embed, target_lm_head=head,
                    target_config=target_dims(MODEL), max_num_seqs=32, max_context_len=8200, block_size=8, token_map=tmap,
-                   few_row_matmul=cpu_kernels.rows_matmul)
+                   few_row_matmul=cpu_kernels.rows_matmul, kernel_lm_head=head_blocks)
 rng = np.random.default_rng(0)
 for i in range(n):
     p.add(i, rng.standard_normal((ctx, p.num_features)).astype(np.float32))
