@@ -3,7 +3,8 @@
 step), one subprocess per build variant, variants alternating by round; ms per call and a checksum of
 the output (equal across builds). argv: "name:compiler flags"; env S (32), Q (1), CTX (180), ROUNDS (4).
 The section's variants were a temporary macro in place of the K/V prefetch's locality (now 2)."""
-import os, subprocess, sys, json
+import os, sys, json
+from kernel_builds import run_builds  # (this folder)
 variants = sys.argv[1:]
 code = r'''
 import time, jax, jax.numpy as jnp, numpy as np, json
@@ -23,19 +24,13 @@ nk = jnp.asarray(rng.standard_normal((S * Q, Hkv, D)), jnp.float32)
 kvl = jnp.full((S,), ctx + Q, jnp.int32); cu = jnp.arange(S + 1, dtype=jnp.int32) * Q; ns = jnp.asarray([S], jnp.int32)
 f = jax.jit(lambda q, pool: cpu_kernels.ragged_attention(q, nk, nk, pool, kvl, pi, cu, ns, sm_scale=0.125, mask_value=-1e30))
 f(q, pools[0]).block_until_ready()
+calls = 300 if S * ctx < 2000 else 60
 runs = []
 for _ in range(7):
     t0 = time.perf_counter()
-    for i in range(300 if S * ctx < 2000 else 60): f(q, pools[i % layers]).block_until_ready()
-    runs.append((time.perf_counter() - t0) / 60)
+    for i in range(calls): f(q, pools[i % layers]).block_until_ready()
+    runs.append((time.perf_counter() - t0) / calls)
 print(json.dumps({"ms": float(np.median(runs)) * 1e3, "sum": float(np.asarray(f(q, pools[0])).sum())}))
 '''
-out = {}
-for rnd in range(int(os.environ.get("ROUNDS", 4))):
-    for v in (variants if rnd % 2 == 0 else variants[::-1]):
-        name, flags = v.split(":", 1)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "SGL_DFLASH_KERNEL_FLAGS": flags})
-        line = [l for l in r.stdout.splitlines() if l.startswith("{")]
-        if not line: print(r.stderr[-3000:]); sys.exit(1)
-        d = json.loads(line[-1]); out.setdefault(name, []).append((round(d["ms"], 3), d["sum"]))
-print(out)
+runs = run_builds(code, variants, int(os.environ.get("ROUNDS", 4)))
+print({name: [(round(d["ms"], 3), d["sum"]) for d in results] for name, results in runs.items()})

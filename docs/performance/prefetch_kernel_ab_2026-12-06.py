@@ -4,7 +4,8 @@ median ms per shape and its ratio to the first variant. argv: "name:compiler fla
 (SGL_DFLASH_KERNEL_FLAGS), e.g. "off:-DPREFETCH_AHEAD=0,0,0" "on:". env SHAPES: a Python list of
 (kind, maker, N, K, rows) with makers f32 / bf / q80 / q41; ROUNDS (2). The section's hint variants
 were a temporary macro in place of the prefetch's locality argument (now 2 everywhere)."""
-import os, subprocess, sys, json
+import os, sys, json
+from kernel_builds import run_builds  # (this folder)
 variants = sys.argv[1:]  # "name:flags"
 code = r'''
 import time, jax, jax.numpy as jnp, numpy as np, json, os
@@ -36,15 +37,11 @@ for kind, mk, n, kk, rowsl in eval(os.environ.get("SHAPES", '[("bf16", bf, 1536,
         res[f"{kind} {n}x{kk} r{rows}"] = round(timed(lambda i: k(x, ws[i % len(ws)]).block_until_ready(), reps) * 1e3, 4)
 print(json.dumps(res))
 '''
-out = {}
-for rnd in range(int(os.environ.get("ROUNDS", 2))):
-    for v in (variants if rnd % 2 == 0 else variants[::-1]):
-        name, flags = v.split(":", 1)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "SGL_DFLASH_KERNEL_FLAGS": flags})
-        line = [l for l in r.stdout.splitlines() if l.startswith("{")]
-        if not line: print(r.stderr[-3000:]); sys.exit(1)
-        for key, val in json.loads(line[-1]).items(): out.setdefault(key, {}).setdefault(name, []).append(val)
-    print("round", rnd, flush=True)
+runs = run_builds(code, variants, int(os.environ.get("ROUNDS", 2)))
+out = {}  # shape -> variant -> ms per round
+for name, results in runs.items():
+    for res in results:
+        for key, val in res.items(): out.setdefault(key, {}).setdefault(name, []).append(val)
 for key, d in out.items():
     base = sorted(d[variants[0].split(":")[0]])
     print(f"{key:24s}", "  ".join(f"{n}: {sorted(v)[len(v)//2]:.3f} ({sorted(v)[len(v)//2]/base[len(base)//2]:.2f})" for n, v in d.items()))
