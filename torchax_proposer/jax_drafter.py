@@ -87,6 +87,7 @@ def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len
 FEW_ROWS = 64
 _LOWERING = threading.RLock()
 _MATMUL: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("few_row_matmul", default=None)
+_ATTENTION: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("cpu_attention", default=None)
 
 
 @contextlib.contextmanager
@@ -99,6 +100,19 @@ def few_row_matmul(matmul: Callable | None) -> Iterator[None]:
         yield
     finally:
         _MATMUL.reset(token)
+
+
+@contextlib.contextmanager
+def cpu_attention(attention: Callable | None) -> Iterator[None]:
+    """Drafter code traced inside lowers its float32 attention on a CPU (head size 64 or 128, a
+    boolean mask [N, 1, 1 or R, S] or none) to attention(query, key, value, attn_mask, scale=)
+    with F.scaled_dot_product_attention's meaning (a CPU kernel the caller chooses, like
+    `few_row_matmul`). None: `_keys_first_attention`, XLA's ops."""
+    token = _ATTENTION.set(attention)
+    try:
+        yield
+    finally:
+        _ATTENTION.reset(token)
 
 
 def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
@@ -131,12 +145,32 @@ def _keys_first_attention(query: jax.Array, key: jax.Array, value: jax.Array, at
     if dropout_p or is_causal or enable_gqa:
         raise ValueError("the drafter's CPU attention takes neither dropout, is_causal nor enable_gqa")
     scale = query.shape[-1] ** -0.5 if scale is None else scale
+    kernel = _ATTENTION.get()
+    if kernel is not None and _kernel_takes(query, key, value, attn_mask):
+        # The kernel reads each allowed key once in place and never materializes the scores:
+        # XLA's scores, masking, softmax and probability-value dot were ~1 ms of a 3-4 ms draft at
+        # one request (docs/performance.md section 48).
+        return kernel(query, key, value, attn_mask, scale=scale)
     scores = jnp.einsum("...sd,...ld->...sl", key, query) * scale
     if attn_mask is not None:
         mask = jnp.swapaxes(attn_mask, -1, -2)
         scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask
     probs = jax.nn.softmax(scores, axis=-2)
     return jnp.einsum("...sl,...sd->...ld", probs, value)
+
+
+def _kernel_takes(query, key, value, attn_mask) -> bool:
+    """Whether `cpu_attention`'s kernel computes this attention: float32 4-d operands of head
+    size 64 or 128, one head count, and a boolean mask [N, 1, 1 or R, S] or none."""
+    if any(a.dtype != jnp.float32 or a.ndim != 4 for a in (query, key, value)) or query.shape[-1] not in (64, 128):
+        return False
+    if key.shape[:2] != query.shape[:2] or value.shape != key.shape:
+        return False
+    if attn_mask is None:
+        return True
+    n, _, rows, _ = query.shape
+    return (attn_mask.dtype == jnp.bool_ and attn_mask.ndim == 4 and attn_mask.shape[0] in (1, n)
+            and attn_mask.shape[1] == 1 and attn_mask.shape[2] in (1, rows) and attn_mask.shape[3] == key.shape[2])
 
 
 @contextlib.contextmanager

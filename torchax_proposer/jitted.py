@@ -10,7 +10,7 @@ import torch
 from .config import DFlashConfig
 from .dflash2 import build_draft_model
 from .dflash2_jax import draft_path
-from .jax_drafter import draft_block, extend_cache, few_row_matmul, flush_pending, write_pending
+from .jax_drafter import cpu_attention, draft_block, extend_cache, few_row_matmul, flush_pending, write_pending
 
 
 class JittedDrafter:
@@ -19,11 +19,13 @@ class JittedDrafter:
     Built around a weightless (meta-device) module: every weight comes in through the params
     pytree, so one instance serves every proposer whose drafter has the same config (see
     `jitted_drafter`), and compiled programs are shared between them. `matmul`: the few-row
-    projections' CPU kernel, or None (`jax_drafter.few_row_matmul`).
+    projections' CPU kernel, or None (`jax_drafter.few_row_matmul`); `attention`: the attention's
+    (`jax_drafter.cpu_attention`).
     """
 
-    def __init__(self, config: DFlashConfig, block_size: int, matmul=None):
+    def __init__(self, config: DFlashConfig, block_size: int, matmul=None, attention=None):
         self.matmul = matmul
+        self.attention = attention
         with torch.device("meta"):
             skeleton = build_draft_model(config)
         self.num_traces = 0
@@ -51,14 +53,14 @@ class JittedDrafter:
         @functools.wraps(fn)
         def traced(*args, **kwargs):
             self.num_traces += 1
-            with few_row_matmul(self.matmul):
+            with few_row_matmul(self.matmul), cpu_attention(self.attention):
                 return fn(*args, **kwargs)
 
         return traced
 
 
 @functools.lru_cache(maxsize=16)
-def jitted_drafter(config: DFlashConfig, block_size: int, matmul=None) -> JittedDrafter:
+def jitted_drafter(config: DFlashConfig, block_size: int, matmul=None, attention=None) -> JittedDrafter:
     """The shared `JittedDrafter` for a drafter config (DFlashConfig compares structure only)."""
-    return JittedDrafter(config, block_size, matmul)
+    return JittedDrafter(config, block_size, matmul, attention)
 

@@ -105,7 +105,7 @@ def attend(q: torch.Tensor, segments: list[KV], mask: torch.Tensor | None, scale
     values = torch.cat([v.transpose(1, 2) for _, v in segments], dim=2)
     folded = q.view(batch, length, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
     folded = folded.reshape(batch, kv_heads, groups * length, head_dim)
-    if mask is not None:
+    if mask is not None and mask.shape[2] != 1:  # one mask row for every query row broadcasts as it is
         mask = mask[:, :, None].expand(-1, -1, groups, length, -1).reshape(mask.shape[0], 1, groups * length, -1)
     out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
     return out.view(batch, kv_heads, groups, length, head_dim).permute(0, 3, 1, 2, 4).reshape(q.shape)

@@ -59,9 +59,10 @@ class DFlashProposer:
     def __init__(self, draft_dir: str | Path, *, target_embed: Any, target_lm_head: Any, target_config: dict[str, Any],
                  max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",
                  token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None,
-                 kernel_lm_head: Any = None):
+                 kernel_lm_head: Any = None, cpu_attention: Callable | None = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`jax_drafter.few_row_matmul`)
+        self._attention = cpu_attention  # a CPU kernel for the attention (`jax_drafter.cpu_attention`)
         self.config = self.model.config
         self.block_size = int(self.config.block_size if block_size is None else block_size)
         if self.block_size < 2:
@@ -109,7 +110,7 @@ class DFlashProposer:
         self.narrow_params = bfloat16_linear_weights(self.model, self.params) if narrow else self.params
         mapped = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
         self.narrow_head = jax.tree.map(mapped, kernel_lm_head) if narrow and kernel_lm_head is not None else self.lm_head
-        self._jit = jitted_drafter(self.config, self.block_size, self._matmul)
+        self._jit = jitted_drafter(self.config, self.block_size, self._matmul, self._attention)
         self._blocks_used = {self.block_size}  # draft blocks asked for (their programs count too)
         self._seqs: dict[Any, _SeqState] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
@@ -157,7 +158,7 @@ class DFlashProposer:
     def num_compilations(self) -> int:
         """Programs compiled so far by the jitted drafter functions (shared by proposers whose
         drafters have the same config)."""
-        return sum(jitted_drafter(self.config, b, self._matmul).num_traces for b in self._blocks_used)
+        return sum(jitted_drafter(self.config, b, self._matmul, self._attention).num_traces for b in self._blocks_used)
 
     def _draft_jit(self, block_size: int | None):
         """The jitted drafter of a `block_size` draft block (default: the proposer's; shorter: fewer drafts)."""
@@ -165,7 +166,7 @@ class DFlashProposer:
         if not 2 <= block <= self.block_size:
             raise ValueError(f"draft block_size must be in [2, {self.block_size}], got {block_size!r}")
         self._blocks_used.add(block)
-        return jitted_drafter(self.config, block, self._matmul), block
+        return jitted_drafter(self.config, block, self._matmul, self._attention), block
 
     # ---- decode step ----------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ MATMUL_TARGET = "sgl_dflash_rows_matmul"
 BLOCKS_TARGET = "sgl_dflash_rows_matmul_blocks"
 BF16_TARGET = "sgl_dflash_rows_matmul_bf16"
 RAGGED_TARGET = "sgl_dflash_ragged_attention"
+DENSE_TARGET = "sgl_dflash_dense_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
 ENV_DIR = "SGL_DFLASH_KERNEL_DIR"
@@ -112,7 +113,7 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET):
+        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET, DENSE_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
@@ -141,6 +142,23 @@ def ragged_attention(queries, new_keys, new_values, kv_pages, kv_lens, page_indi
     i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
     return call(queries, new_keys, new_values, kv_pages, i32(page_indices), i32(cu_q_lens), i32(kv_lens),
                 i32(num_seqs), sm_scale=np.float32(sm_scale), mask_value=np.float32(mask_value))
+
+
+def dense_attention(query, key, value, attn_mask=None, *, scale: float | None = None):
+    """F.scaled_dot_product_attention(query, key, value, attn_mask, scale=scale) for float32
+    query [N, H, R, D], key / value [N, H, S, D] (head size 64 or 128) and a boolean mask
+    broadcast as [N, 1, 1 or R, S] (True = may attend; None = all): each row gathers only the
+    keys it may see, with the paged kernels' online softmax; a row that sees no key gives NaN as
+    torch's does. The drafter's attention on a CPU (`torchax_proposer`'s `cpu_attention`). Call
+    `available()` first."""
+    n, _, rows, dim = query.shape
+    keys = key.shape[2]
+    mask = jnp.ones((n, 1, 1, keys), jnp.bool_) if attn_mask is None else attn_mask
+    if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] not in (1, rows):
+        raise ValueError(f"dense_attention: mask of shape {mask.shape} is not [N, 1, 1 or {rows}, {keys}]")
+    mask = jnp.broadcast_to(mask, (n, 1, mask.shape[2], keys))
+    call = jax.ffi.ffi_call(DENSE_TARGET, jax.ShapeDtypeStruct(query.shape, jnp.float32))
+    return call(query, key, value, mask, sm_scale=np.float32(dim**-0.5 if scale is None else scale))
 
 
 def rows_matmul(x, w, layer=None):

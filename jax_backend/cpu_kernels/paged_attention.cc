@@ -463,6 +463,88 @@ ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
   return ffi::Error::Success();
 }
 
+// ---- dense masked attention (the drafter's) -----------------------------------------------------
+
+// `F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` with a boolean mask: q [N, H, R, D],
+// k / v [N, H, S, D], mask [N, 1, Rm, S] (Rm 1: one mask for every row; or R), out [N, H, R, D].
+// A row attends to the keys its mask row allows, a block of them at a time with the same online
+// softmax as the paged kernels; only allowed keys are gathered, so masked ones cost nothing. A row
+// that may attend to no key gets NaN, as torch's and XLA's softmax give.
+struct Dense {
+  const float *q, *k, *v;
+  const bool* mask;
+  float* out;
+  int64_t heads, rows, keys, dim, mask_rows;
+  float scale, mask_value;
+};
+
+// Rows [first, first + count) of (sequence n, head h), all of them reading mask row `mask_row`.
+template <int DV>
+void attend_dense(const Dense& p, int64_t n, int64_t h, int64_t first, int64_t count, int64_t mask_row,
+                  Scratch& w, std::vector<int32_t>& allowed) {
+  const int64_t dim = p.dim, unit = (n * p.heads + h) * p.rows;
+  const bool* mask = p.mask + (n * p.mask_rows + mask_row) * p.keys;
+  allowed.clear();
+  for (int64_t t = 0; t < p.keys; ++t)
+    if (mask[t]) allowed.push_back(static_cast<int32_t>(t));
+  if (allowed.empty()) {
+    std::fill(p.out + (unit + first) * dim, p.out + (unit + first + count) * dim, std::nanf(""));
+    return;
+  }
+  w.m.assign(count, p.mask_value);
+  w.l.assign(count, 0.0f);
+  const TiledRows<DV> tiled(w, count, dim, w.m.data(), w.l.data(), [&](int64_t r) { return p.q + (unit + first + r) * dim; },
+                            [&](int64_t r) {
+                              float* o = p.out + (unit + first + r) * dim;
+                              std::fill(o, o + dim, 0.0f);
+                              return o;
+                            });
+  const float *keys = p.k + (n * p.heads + h) * p.keys * dim, *values = p.v + (n * p.heads + h) * p.keys * dim;
+  const int64_t total = static_cast<int64_t>(allowed.size());
+  for (int64_t start = 0; start < total; start += kKeyBlock) {
+    const int64_t size = std::min(kKeyBlock, total - start);
+    for (int64_t t = 0; t < size; ++t) {
+      w.kv[t] = keys + allowed[start + t] * dim;
+      w.values[t] = values + allowed[start + t] * dim;
+    }
+    pad_keys(w, size);
+    std::fill(w.visible.begin(), w.visible.begin() + count, size);
+    tiled.block(w, size, p.scale, p.mask_value, dim);
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    float* o = p.out + (unit + first + r) * dim;
+    const float inv = 1.0f / w.l[r];
+    for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
+  }
+}
+
+ffi::Error DenseAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, float sm_scale,
+                          ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  auto md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || md.size() != 4 || v.dimensions().size() != 4 || kd[0] != qd[0] ||
+      kd[1] != qd[1] || kd[3] != qd[3] || v.dimensions()[0] != kd[0] || v.dimensions()[1] != kd[1] ||
+      v.dimensions()[2] != kd[2] || v.dimensions()[3] != kd[3] || md[0] != qd[0] || md[1] != 1 ||
+      (md[2] != 1 && md[2] != qd[2]) || md[3] != kd[2] || (qd[3] != 64 && qd[3] != 128))
+    return ffi::Error::InvalidArgument("dense_attention: incompatible shapes (head size 64 or 128)");
+  const Dense problem{q.typed_data(), k.typed_data(), v.typed_data(), mask.typed_data(), out->typed_data(),
+                      qd[1], qd[2], kd[2], qd[3], md[2], sm_scale, -1e30f};
+  // One mask for all rows: units of up to kChunkRows rows (a draft block's rows over the threads);
+  // a mask per row: one row per unit, each gathering its own keys.
+  const int64_t chunk = problem.mask_rows == 1 ? kChunkRows : 1, chunks = (problem.rows + chunk - 1) / chunk;
+  parallel_units(pool, qd[0] * qd[1] * chunks,
+                 [&problem, chunk, chunks, scratch = Scratch{}, allowed = std::vector<int32_t>{}](int64_t u) mutable {
+                   const int64_t n = u / (problem.heads * chunks), h = u / chunks % problem.heads;
+                   const int64_t first = u % chunks * chunk, count = std::min(chunk, problem.rows - first);
+                   const int64_t mask_row = problem.mask_rows == 1 ? 0 : first;
+                   problem.dim == 64 ? attend_dense<4>(problem, n, h, first, count, mask_row, scratch, allowed)
+                                     : attend_dense<8>(problem, n, h, first, count, mask_row, scratch, allowed);
+                 });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_paged_prefix_attention, PagedPrefixAttention,
@@ -492,4 +574,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_ragged_attention, RaggedAttention,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<float>("sm_scale")
                                   .Attr<float>("mask_value")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_dense_attention, DenseAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Attr<float>("sm_scale")
                                   .Ret<ffi::Buffer<ffi::F32>>());

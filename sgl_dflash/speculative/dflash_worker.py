@@ -165,6 +165,7 @@ class DFlashWorker:
             token_map=None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size),
             few_row_matmul=cpu_kernels.rows_matmul if self.runner.cpu_matmul else None,  # the target's CPU kernel
             kernel_lm_head=self.runner.params.get("blocks", {}).get("lm_head"),  # its GGUF blocks, if any
+            cpu_attention=cpu_kernels.dense_attention if self.runner.cpu_attention else None,  # the target's setting
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

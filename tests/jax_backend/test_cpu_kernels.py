@@ -225,3 +225,44 @@ def test_a_decode_row_and_the_same_tokens_verify_row_get_the_same_bits():
             assert np.array_equal(attend(slice(j, j + 1))[0], verify[j]), (length, j)
         expected = _dense_reference(queries, keys, values, dim**-0.5)
         np.testing.assert_allclose(verify, expected, atol=1e-5, rtol=0)
+
+
+def _sdpa(q, k, v, mask, scale):
+    """torch's F.scaled_dot_product_attention: the meaning `cpu_kernels.dense_attention` has."""
+    import torch
+    t = lambda a: None if a is None else torch.from_numpy(np.asarray(a))  # noqa: E731
+    return torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(mask), scale=scale).numpy()
+
+
+@pytest.mark.parametrize("n, heads, rows, keys, dim, mask_rows", [
+    (1, 3, 24, 520, 64, 1),  # the drafter's block of 8 x 3 query heads per kv head, a 512-row window
+    (2, 3, 24, 137, 64, 24),  # a mask per row (causal / sliding-window drafter layers)
+    (3, 2, 5, 300, 128, 1),
+    (2, 1, 7, 40, 64, None),
+])
+def test_dense_attention_is_torchs_sdpa(n, heads, rows, keys, dim, mask_rows):
+    """The drafter's CPU attention: float32 SDPA with a boolean mask; each row gathers only the
+    keys its mask allows, key blocks of 128 with an online softmax (so 520 keys take five)."""
+    assert cpu_kernels.available()
+    rng = np.random.default_rng(n * keys)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32)
+               for shape in ((n, heads, rows, dim), (n, heads, keys, dim), (n, heads, keys, dim)))
+    mask = None
+    if mask_rows is not None:
+        mask = rng.random((n, 1, mask_rows, keys)) < 0.6
+        mask[..., -3:] = True
+    out = jax.jit(functools.partial(cpu_kernels.dense_attention, scale=0.2))(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(out), _sdpa(q, k, v, mask, 0.2), atol=2e-6, rtol=1e-5)
+
+
+def test_dense_attention_rows_that_see_nothing_are_nan_and_bad_masks_are_refused():
+    assert cpu_kernels.available()
+    q = np.ones((1, 1, 3, 64), np.float32)
+    k = np.arange(10 * 64, dtype=np.float32).reshape(1, 1, 10, 64) / 640
+    mask = np.zeros((1, 1, 3, 10), bool)
+    mask[:, :, 1:, :4] = True
+    out = np.asarray(cpu_kernels.dense_attention(q, k, k, mask))
+    assert np.isnan(out[0, 0, 0]).all() and not np.isnan(out[0, 0, 1:]).any()  # as torch: NaN where nothing is seen
+    np.testing.assert_allclose(out[0, 0, 1:], _sdpa(q, k, k, mask, None)[0, 0, 1:], rtol=1e-6)
+    with pytest.raises(ValueError, match="mask of shape"):
+        cpu_kernels.dense_attention(q, k, k, np.ones((1, 2, 3, 10), bool))
