@@ -147,10 +147,12 @@ CPU_MATMUL_MAX_ROWS = 64
 
 
 # The widest step whose kernel products read GGUF blocks (`jax_backend.blocks`) rather than the
-# float32 weights: decoding costs compute that only few-row products earn back (SmolLM2's shapes,
-# blocks / float32 time: 0.24-0.41 at 1 row, 0.52-0.71 at 8, 0.79-0.83 at 16, 1.02-1.05 at 32;
-# docs/performance.md section 41).
-BLOCKS_MAX_ROWS = 16
+# float32 weights: decoding costs compute that only few-row products earn back. SmolLM2's shapes,
+# weights from memory, blocks / float32 time: on an AMD EPYC 0.24-0.41 at 1 row, 0.52-0.71 at 8,
+# 0.79-0.83 at 16, 1.02-1.05 at 32 (section 41, before Q4_1 was decoded by lookup, section 47);
+# on an Intel Xeon (AVX-512) 0.43-0.45 at 8, 0.61-0.71 at 16, 0.75-0.83 at 24, 0.79-0.91 at 32,
+# 1.07 at 64, and steps of 17-32 rows (batch-32 decode, 8 x 4 verify) 0.84-0.90x (section 49).
+BLOCKS_MAX_ROWS = 32
 
 
 def _kernel_rows(cpu_kernel: bool, x: jax.Array, w: jax.Array) -> bool:
