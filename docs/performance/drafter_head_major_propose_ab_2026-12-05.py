@@ -1,4 +1,4 @@
-"""Interleaved A/B of commit_block + propose at the proposer level: this checkout vs /tmp/base (a worktree of the previous commit), subprocesses alternating; args n x context x block, e.g. 1x300x8 1x1000x8 1x3000x8 8x300x4; env ROUNDS (3); env WORKER=1 builds the proposer as the DFLASH worker does (its target runner's embedding and head, and the Q8_0 head blocks for narrow steps; section 47) (docs/performance.md sections 40 and 45)."""
+"""Interleaved A/B of commit_block + propose at the proposer level: this checkout vs /tmp/base (a worktree of the previous commit), subprocesses alternating; args n x context x block, e.g. 1x300x8 1x1000x8 1x3000x8 8x300x4; env ROUNDS (3); env WORKER=1 builds the proposer as the DFLASH worker does (its target runner's embedding and head, the Q8_0 head blocks for narrow steps, section 47; and the attention kernel where the checkout has it, section 48) (docs/performance.md sections 40 and 45)."""
 import json, os, subprocess, sys, numpy as np
 from pathlib import Path
 HERE = str(Path(__file__).resolve().parents[2])
@@ -22,7 +22,8 @@ else:
     embed, head, head_blocks = params["embed"], params["lm_head"], None
 p = DFlashProposer(DEFAULT_DRAFTER, target_embed=embed, target_lm_head=head,
                    target_config=target_dims(MODEL), max_num_seqs=32, max_context_len=8200, block_size=8, token_map=tmap,
-                   few_row_matmul=cpu_kernels.rows_matmul, kernel_lm_head=head_blocks)
+                   few_row_matmul=cpu_kernels.rows_matmul, kernel_lm_head=head_blocks,
+                   **({'cpu_attention': cpu_kernels.dense_attention} if os.environ.get('WORKER') == '1' and hasattr(cpu_kernels, 'dense_attention') else {}))
 rng = np.random.default_rng(0)
 for i in range(n):
     p.add(i, rng.standard_normal((ctx, p.num_features)).astype(np.float32))

@@ -1,0 +1,48 @@
+"""The real target's steps with `model.BLOCKS_MAX_ROWS` 16 vs 32 (kernel steps of 17-32 rows reading the float32 weights or the GGUF blocks), one runner per process, processes alternating, median of 12 steps after 8; cases BxK, env CTX (115), ROUNDS (3); outputs asserted equal. `python docs/performance/blocks_rows_ab_2026-12-06.py 32x1 24x1 8x4 4x8` (docs/performance.md section 49)."""
+import json, os, subprocess, sys
+from pathlib import Path
+HERE = str(Path(__file__).resolve().parents[2])
+CODE = r'''
+import json, os, sys, time, numpy as np
+import jax_backend.model as M
+M.BLOCKS_MAX_ROWS = int(os.environ["BMR"])
+from jax_backend import SeqInput, TargetRunner
+ctx = int(os.environ.get("CTX", 115)); cases = [tuple(map(int, c.split("x"))) for c in sys.argv[1:]]
+B = max(b for b, _ in cases)
+r = TargetRunner(os.environ["MODEL"], page_size=16, max_total_tokens=B * (ctx + 64), max_num_seqs=B, max_model_len=ctx + 32, aux_layer_ids=(1, 8, 14, 20, 27))
+rng = np.random.default_rng(0)
+tables = [r.allocator.allocate(i, ctx + 32) for i in range(B)]
+for g in range(0, B, 4):
+    r.forward([SeqInput(rng.integers(0, 49152, ctx).tolist(), 0, tables[j]) for j in range(g, min(B, g + 4))])
+res = {}
+for b, k in cases:
+    toks = rng.integers(0, 49152, (b, k))
+    if k == 1:
+        seqs = [SeqInput([int(t[0])], ctx, tables[i]) for i, t in enumerate(toks)]
+        f = lambda: r.sample(seqs, [0.0] * b, [1.0] * b, [0] * b)
+        out = lambda o: np.asarray(o.tokens).tolist()
+    else:
+        seqs = [SeqInput(t.tolist(), ctx, tables[i], "all") for i, t in enumerate(toks)]
+        f = lambda: r.verify(seqs)
+        out = lambda o: [np.asarray(o.accepted).tolist(), np.asarray(o.bonus).tolist()]
+    for _ in range(8): o = f()
+    ts = []
+    for _ in range(12):
+        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+    res[f"{b}x{k}"] = {"ms": float(np.median(ts) * 1e3), "out": out(o)}
+print(json.dumps(res))
+'''
+cases = sys.argv[1:]
+res = {}
+for rnd in range(int(os.environ.get("ROUNDS", 3))):
+    for bmr in ((16, 32) if rnd % 2 == 0 else (32, 16)):
+        out = subprocess.run([sys.executable, "-c", CODE, *cases], cwd=HERE, capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": HERE, "BMR": str(bmr), "MODEL": HERE + "/cache/models/SmolLM2-135M-Instruct"})
+        line = [l for l in out.stdout.splitlines() if l.startswith("{")]
+        if not line: print(out.stderr[-2000:]); sys.exit(1)
+        for c, d in json.loads(line[-1]).items(): res.setdefault(c, {}).setdefault(bmr, []).append(d)
+    print("round", rnd, flush=True)
+for c, d in res.items():
+    b, n = [x["ms"] for x in d[16]], [x["ms"] for x in d[32]]
+    same = all(x["out"] == d[16][0]["out"] for x in d[16] + d[32])
+    print(c, "16:", [round(x, 2) for x in b], "32:", [round(x, 2) for x in n], "median ratio", round(sorted(n)[len(n)//2] / sorted(b)[len(b)//2], 3), "same outputs", same)
