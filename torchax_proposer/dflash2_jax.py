@@ -18,7 +18,8 @@ import numpy as np
 from torchax.interop import jax_view, torch_view
 
 from .dflash2 import DFlash2DraftModel
-from .jax_drafter import Cache, Params, call_model, draft_hidden, lowering
+from .cpu_lowering import lowering
+from .jax_drafter import Cache, Params, call_model, draft_hidden
 
 SELECTOR = "candidate_selector."
 

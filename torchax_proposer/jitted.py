@@ -10,7 +10,8 @@ import torch
 from .config import DFlashConfig
 from .dflash2 import build_draft_model
 from .dflash2_jax import draft_path
-from .jax_drafter import cpu_attention, draft_block, extend_cache, few_row_matmul, flush_pending, write_pending
+from .cpu_lowering import cpu_attention, few_row_matmul
+from .jax_drafter import draft_block, extend_cache, flush_pending, write_pending
 
 
 class JittedDrafter:
@@ -19,8 +20,8 @@ class JittedDrafter:
     Built around a weightless (meta-device) module: every weight comes in through the params
     pytree, so one instance serves every proposer whose drafter has the same config (see
     `jitted_drafter`), and compiled programs are shared between them. `matmul`: the few-row
-    projections' CPU kernel, or None (`jax_drafter.few_row_matmul`); `attention`: the attention's
-    (`jax_drafter.cpu_attention`).
+    projections' CPU kernel, or None (`cpu_lowering.few_row_matmul`); `attention`: the attention's
+    (`cpu_lowering.cpu_attention`).
     """
 
     def __init__(self, config: DFlashConfig, block_size: int, matmul=None, attention=None):

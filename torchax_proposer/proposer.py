@@ -61,8 +61,8 @@ class DFlashProposer:
                  token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None,
                  kernel_lm_head: Any = None, cpu_attention: Callable | None = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
-        self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`jax_drafter.few_row_matmul`)
-        self._attention = cpu_attention  # a CPU kernel for the attention (`jax_drafter.cpu_attention`)
+        self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`cpu_lowering.few_row_matmul`)
+        self._attention = cpu_attention  # a CPU kernel for the attention (`cpu_lowering.cpu_attention`)
         self.config = self.model.config
         self.block_size = int(self.config.block_size if block_size is None else block_size)
         if self.block_size < 2:

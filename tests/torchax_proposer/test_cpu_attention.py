@@ -1,5 +1,5 @@
 """The drafter's attention through the CPU kernel (`DFlashProposer(cpu_attention=)`,
-`jax_drafter.cpu_attention`): the same drafts as XLA's attention, logits within float32 rounding
+`cpu_lowering.cpu_attention`): the same drafts as XLA's attention, logits within float32 rounding
 of it and of the eager torch drafter, in narrow and wide steps, for every block the proposer
 drafts."""
 

@@ -11,8 +11,9 @@ import torch
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft, single_torch_thread  # noqa: F401
 from torchax_proposer import load_draft_model
-from torchax_proposer import jax_drafter
-from torchax_proposer.jax_drafter import _few_row_linear, call_model, model_params
+from torchax_proposer import cpu_lowering
+from torchax_proposer.cpu_lowering import _few_row_linear
+from torchax_proposer.jax_drafter import call_model, model_params
 from torchax_proposer.model import attend
 
 TARGET = dict(hidden_size=64, vocab_size=256, num_hidden_layers=4)
@@ -125,7 +126,7 @@ def test_attend_is_grouped_query_sdpa_over_the_joined_segments(mask_rows):
     lowered = jax.jit(lowered_attend)(as_jax(q), [(as_jax(k), as_jax(v)) for k, v in segments], as_jax(mask))
     np.testing.assert_allclose(np.asarray(lowered), expected.numpy(), atol=1e-5, rtol=0)
     # The drafter's own CPU lowering (`_keys_first_attention`, scores computed as keys @ queries.T)
-    cpu = jax.jit(lambda *a: lowered_attend(*a, env=jax_drafter.lowering))(
+    cpu = jax.jit(lambda *a: lowered_attend(*a, env=cpu_lowering.lowering))(
         as_jax(q), [(as_jax(k), as_jax(v)) for k, v in segments], as_jax(mask))
     np.testing.assert_allclose(np.asarray(cpu), expected.numpy(), atol=1e-5, rtol=0)
     wrong = torch.nn.functional.scaled_dot_product_attention(  # kv head j % kv_heads: must differ
@@ -157,7 +158,7 @@ def test_few_row_projections_run_weight_first_on_a_cpu_and_torchax_is_left_as_it
     as_jax = jax.tree_util.tree_map(lambda t: jnp.asarray(t.numpy()), inputs)
     params = model_params(drafter)
     calls = []  # the F.linear calls the trace lowers (some modules run twice: context and block rows)
-    monkeypatch.setattr(jax_drafter, "_few_row_linear", lambda x, w, b=None: calls.append(x.shape) or _few_row_linear(x, w, b))
+    monkeypatch.setattr(cpu_lowering, "_few_row_linear", lambda x, w, b=None: calls.append(x.shape) or _few_row_linear(x, w, b))
     few = jax.make_jaxpr(lambda p, kw: call_model(drafter, p, **kw))(params, as_jax)
     assert len(calls) >= sum(isinstance(m, torch.nn.Linear) for m in drafter.modules())
     assert str(few).count("optimization_barrier") == len(calls)  # 3 sequences x 8 rows: all weight-first
@@ -177,9 +178,9 @@ def test_keys_first_attention_is_torch_sdpa():
     masks[1][..., 0] = True
     for mask in masks:
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.4)
-        got = jax_drafter._keys_first_attention(*(jnp.asarray(t.numpy()) for t in (q, k, v)),
+        got = cpu_lowering._keys_first_attention(*(jnp.asarray(t.numpy()) for t in (q, k, v)),
                                                 None if mask is None else jnp.asarray(mask.numpy()), scale=0.4)
         np.testing.assert_allclose(np.asarray(got), expected.numpy(), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="is_causal"):
-        jax_drafter._keys_first_attention(jnp.asarray(q.numpy()), jnp.asarray(k.numpy()), jnp.asarray(v.numpy()),
+        cpu_lowering._keys_first_attention(jnp.asarray(q.numpy()), jnp.asarray(k.numpy()), jnp.asarray(v.numpy()),
                                           is_causal=True)
