@@ -4,9 +4,11 @@ from pathlib import Path
 HERE = str(Path(__file__).resolve().parents[2])
 CODE = r'''
 import json, os, sys, time, numpy as np
+sys.path.insert(0, os.environ["HERE"] + "/docs/performance")
 import jax_backend.model as M
-M.BLOCKS_MAX_ROWS = int(os.environ["BMR"])
+M.BLOCKS_MAX_ROWS = int(os.environ["BMR"])  # read when a step is traced
 from jax_backend import SeqInput, TargetRunner
+from runner_steps import step_fns
 ctx = int(os.environ.get("CTX", 115)); cases = [tuple(map(int, c.split("x"))) for c in sys.argv[1:]]
 B = max(b for b, _ in cases)
 r = TargetRunner(os.environ["MODEL"], page_size=16, max_total_tokens=B * (ctx + 64), max_num_seqs=B, max_model_len=ctx + 32, aux_layer_ids=(1, 8, 14, 20, 27))
@@ -16,20 +18,13 @@ for g in range(0, B, 4):
     r.forward([SeqInput(rng.integers(0, 49152, ctx).tolist(), 0, tables[j]) for j in range(g, min(B, g + 4))])
 res = {}
 for b, k in cases:
-    toks = rng.integers(0, 49152, (b, k))
-    if k == 1:
-        seqs = [SeqInput([int(t[0])], ctx, tables[i]) for i, t in enumerate(toks)]
-        f = lambda: r.sample(seqs, [0.0] * b, [1.0] * b, [0] * b)
-        out = lambda o: np.asarray(o.tokens).tolist()
-    else:
-        seqs = [SeqInput(t.tolist(), ctx, tables[i], "all") for i, t in enumerate(toks)]
-        f = lambda: r.verify(seqs)
-        out = lambda o: [np.asarray(o.accepted).tolist(), np.asarray(o.bonus).tolist()]
-    for _ in range(8): o = f()
+    fns, _ = step_fns({"r": (r, tables)}, rng.integers(0, 49152, (b, k)), ctx)
+    for _ in range(8): o = fns["r"]()
     ts = []
     for _ in range(12):
-        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
-    res[f"{b}x{k}"] = {"ms": float(np.median(ts) * 1e3), "out": out(o)}
+        t0 = time.perf_counter(); fns["r"](); ts.append(time.perf_counter() - t0)
+    out = np.asarray(o.tokens).tolist() if k == 1 else [np.asarray(o.accepted).tolist(), np.asarray(o.bonus).tolist()]
+    res[f"{b}x{k}"] = {"ms": float(np.median(ts) * 1e3), "out": out}
 print(json.dumps(res))
 '''
 cases = sys.argv[1:]
@@ -37,7 +32,7 @@ res = {}
 for rnd in range(int(os.environ.get("ROUNDS", 3))):
     for bmr in ((16, 32) if rnd % 2 == 0 else (32, 16)):
         out = subprocess.run([sys.executable, "-c", CODE, *cases], cwd=HERE, capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": HERE, "BMR": str(bmr), "MODEL": HERE + "/cache/models/SmolLM2-135M-Instruct"})
+                             env={**os.environ, "PYTHONPATH": HERE, "BMR": str(bmr), "HERE": HERE, "MODEL": HERE + "/cache/models/SmolLM2-135M-Instruct"})
         line = [l for l in out.stdout.splitlines() if l.startswith("{")]
         if not line: print(out.stderr[-2000:]); sys.exit(1)
         for c, d in json.loads(line[-1]).items(): res.setdefault(c, {}).setdefault(bmr, []).append(d)
