@@ -79,18 +79,25 @@ def _keys_first_attention(query: jax.Array, key: jax.Array, value: jax.Array, at
     if dropout_p or is_causal or enable_gqa:
         raise ValueError("the drafter's CPU attention takes neither dropout, is_causal nor enable_gqa")
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    kernel = _ATTENTION.get()
-    if kernel is not None and _kernel_takes(query, key, value, attn_mask):
-        # The kernel reads each allowed key once in place and never materializes the scores:
-        # XLA's scores, masking, softmax and probability-value dot were ~1 ms of a 3-4 ms draft at
-        # one request (docs/performance.md section 48).
-        return kernel(query, key, value, attn_mask, scale=scale)
     scores = jnp.einsum("...sd,...ld->...sl", key, query) * scale
     if attn_mask is not None:
         mask = jnp.swapaxes(attn_mask, -1, -2)
         scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask
     probs = jax.nn.softmax(scores, axis=-2)
     return jnp.einsum("...sl,...sd->...ld", probs, value)
+
+
+def _attention(query: jax.Array, key: jax.Array, value: jax.Array, attn_mask: jax.Array | None = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> jax.Array:
+    """F.scaled_dot_product_attention on a CPU: `cpu_attention`'s kernel where it takes the call
+    (it reads each allowed key once in place and never materializes the scores: XLA's scores,
+    masking, softmax and probability-value dot were ~1 ms of a 3-4 ms draft at one request,
+    docs/performance.md section 48), else `_keys_first_attention`."""
+    kernel = _ATTENTION.get()
+    if kernel is not None and not (dropout_p or is_causal or enable_gqa) and _kernel_takes(query, key, value, attn_mask):
+        return kernel(query, key, value, attn_mask, scale=query.shape[-1] ** -0.5 if scale is None else scale)
+    return _keys_first_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 def _kernel_takes(query, key, value, attn_mask) -> bool:
@@ -110,7 +117,7 @@ def _kernel_takes(query, key, value, attn_mask) -> bool:
 @contextlib.contextmanager
 def lowering() -> Iterator[None]:
     """torchax's default environment while the drafter is traced, on a CPU with F.linear lowered
-    by `_few_row_linear` and F.scaled_dot_product_attention by `_keys_first_attention` (restored
+    by `_few_row_linear` and F.scaled_dot_product_attention by `_attention` (restored
     after: other torchax code in the process is left alone)."""
     env = torchax.default_env()
     if jax.default_backend() != "cpu":
@@ -120,8 +127,8 @@ def lowering() -> Iterator[None]:
     lowerings = {
         torch.nn.functional.linear: _few_row_linear,
         torch.ops.aten.linear: _few_row_linear,
-        torch.nn.functional.scaled_dot_product_attention: _keys_first_attention,
-        torch.ops.aten.scaled_dot_product_attention: _keys_first_attention,
+        torch.nn.functional.scaled_dot_product_attention: _attention,
+        torch.ops.aten.scaled_dot_product_attention: _attention,
     }
     with _LOWERING:  # one thread at a time swaps the shared environment's lowering
         saved = {key: env._ops[key] for key in lowerings}  # torchax keeps its lowerings in this dict
