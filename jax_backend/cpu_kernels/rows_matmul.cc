@@ -317,6 +317,16 @@ void decoded_rows(const Problem& p, int64_t n, int64_t r0, int64_t rows) {
   }
 }
 
+// From this many rows (a batch-24+ decode, verify blocks of 24+ rows) GGUF weights are decoded a
+// tile's outputs at a time into scratch and the float32 tiles read them from L1, where
+// `decoded_outputs` decodes each weight vector again for every 8 rows: at 24-64 rows 0.82-0.99x
+// the time (Q4_1 MLP and attention shapes, the Q8_0 lm_head at 32; at 16 rows 1.0-1.35x;
+// docs/performance.md section 50). The same bits: the same decoded values, products and order.
+#ifndef BLOCKS_SCRATCH_ROWS  // a build flag for experiments
+#define BLOCKS_SCRATCH_ROWS 24
+#endif
+constexpr int64_t kScratchRows = BLOCKS_SCRATCH_ROWS;
+
 // Outputs [n0, n1) of every row: two outputs at a time (one for a single row: measured, G = 2
 // beat 1, 3, 4 and 6 at 4 and 8 rows), their rows in tiles of up to 8 that decode the same
 // weights again from cache (past 8 rows the accumulators would not fit the registers).
@@ -373,7 +383,7 @@ void run(ffi::ThreadPool& pool, const Problem& p) {
 
 void dispatch(ffi::ThreadPool& pool, const Problem& problem) {
 #if defined(__AVX512F__)
-  if (problem.w.bits != 32) {
+  if (problem.w.bits != 32 && problem.rows < kScratchRows) {
     const int64_t units = 8 * std::max<int64_t>(1, pool.num_threads());
     const int64_t chunk = (problem.n_dim + units - 1) / units;
     parallel_units(pool, (problem.n_dim + chunk - 1) / chunk, [&problem, chunk](int64_t c) {

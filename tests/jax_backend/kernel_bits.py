@@ -25,7 +25,7 @@ def outputs() -> dict[str, np.ndarray]:
     for rows, k, n in MATMUL_SHAPES:
         x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((n, k), np.float32)
         out[f"matmul_{rows}x{k}x{n}"] = np.asarray(cpu_kernels.rows_matmul(x, w))
-    for rows, kind in [(1, "Q4_1"), (5, "Q8_0"), (12, "Q4_1")]:  # GGUF blocks: decoded in registers / in cache
+    for rows, kind in [(1, "Q4_1"), (5, "Q8_0"), (12, "Q4_1"), (32, "Q8_0")]:  # decoded in registers / into scratch
         x = rng.standard_normal((rows, 576), np.float32)
         out[f"blocks_{rows}_{kind}"] = np.asarray(cpu_kernels.rows_matmul_blocks(x, random_blocks(rng, (300, 576), kind)))
     for heads, kv_heads, head_dim in [(9, 3, 64), (8, 2, 128)]:
