@@ -152,7 +152,9 @@ CPU_MATMUL_MAX_ROWS = 64
 # 0.79-0.83 at 16, 1.02-1.05 at 32 (section 41, before Q4_1 was decoded by lookup, section 47);
 # on an Intel Xeon (AVX-512) 0.43-0.45 at 8, 0.61-0.71 at 16, 0.75-0.83 at 24, 0.79-0.91 at 32,
 # 1.07 at 64, and steps of 17-32 rows (batch-32 decode, 8 x 4 verify) 0.84-0.90x (section 49).
-BLOCKS_MAX_ROWS = 32
+# Since 24+ rows decode the blocks into scratch for the float32 tiles (section 50) every kernel step
+# reads them: steps of 33-64 rows (8 x 8 and 4 x 16 verify, batch-48 decode) 0.96-0.99x.
+BLOCKS_MAX_ROWS = 64
 
 
 def _kernel_rows(cpu_kernel: bool, x: jax.Array, w: jax.Array) -> bool:

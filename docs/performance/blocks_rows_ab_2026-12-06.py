@@ -1,4 +1,4 @@
-"""The real target's steps with `model.BLOCKS_MAX_ROWS` 16 vs 32 (kernel steps of 17-32 rows reading the float32 weights or the GGUF blocks), one runner per process, processes alternating, median of 12 steps after 8; cases BxK, env CTX (115), ROUNDS (3); outputs asserted equal. `python docs/performance/blocks_rows_ab_2026-12-06.py 32x1 24x1 8x4 4x8` (docs/performance.md section 49)."""
+"""The real target's steps with `model.BLOCKS_MAX_ROWS` 16 vs 32 (kernel steps of 17-32 rows reading the float32 weights or the GGUF blocks), one runner per process, processes alternating, median of 12 steps after 8; cases BxK, env CTX (115), ROUNDS (3), BMRS (the two bounds, "16 32"); outputs asserted equal. `python docs/performance/blocks_rows_ab_2026-12-06.py 32x1 24x1 8x4 4x8` (docs/performance.md section 49)."""
 import json, os, subprocess, sys
 from pathlib import Path
 HERE = str(Path(__file__).resolve().parents[2])
@@ -28,9 +28,10 @@ for b, k in cases:
 print(json.dumps(res))
 '''
 cases = sys.argv[1:]
+A, B = map(int, os.environ.get("BMRS", "16 32").split())  # the two bounds compared (section 50: 32 64)
 res = {}
 for rnd in range(int(os.environ.get("ROUNDS", 3))):
-    for bmr in ((16, 32) if rnd % 2 == 0 else (32, 16)):
+    for bmr in ((A, B) if rnd % 2 == 0 else (B, A)):
         out = subprocess.run([sys.executable, "-c", CODE, *cases], cwd=HERE, capture_output=True, text=True,
                              env={**os.environ, "PYTHONPATH": HERE, "BMR": str(bmr), "HERE": HERE, "MODEL": HERE + "/cache/models/SmolLM2-135M-Instruct"})
         line = [l for l in out.stdout.splitlines() if l.startswith("{")]
@@ -38,6 +39,6 @@ for rnd in range(int(os.environ.get("ROUNDS", 3))):
         for c, d in json.loads(line[-1]).items(): res.setdefault(c, {}).setdefault(bmr, []).append(d)
     print("round", rnd, flush=True)
 for c, d in res.items():
-    b, n = [x["ms"] for x in d[16]], [x["ms"] for x in d[32]]
-    same = all(x["out"] == d[16][0]["out"] for x in d[16] + d[32])
-    print(c, "16:", [round(x, 2) for x in b], "32:", [round(x, 2) for x in n], "median ratio", round(sorted(n)[len(n)//2] / sorted(b)[len(b)//2], 3), "same outputs", same)
+    b, n = [x["ms"] for x in d[A]], [x["ms"] for x in d[B]]
+    same = all(x["out"] == d[A][0]["out"] for x in d[A] + d[B])
+    print(c, f"{A}:", [round(x, 2) for x in b], f"{B}:", [round(x, 2) for x in n], "median ratio", round(sorted(n)[len(n)//2] / sorted(b)[len(b)//2], 3), "same outputs", same)

@@ -95,8 +95,9 @@ def test_project_reads_blocks_only_for_few_row_kernel_steps():
         return jax.jit(fn).lower(weights, stack, jnp.zeros((rows, 64), jnp.float32), 1).as_text()
 
     assert cpu_kernels.BLOCKS_TARGET in lowered(model.BLOCKS_MAX_ROWS)
-    wider = lowered(model.BLOCKS_MAX_ROWS + 1)
-    assert cpu_kernels.BLOCKS_TARGET not in wider and cpu_kernels.MATMUL_TARGET in wider
+    wider = lowered(model.BLOCKS_MAX_ROWS + 1)  # the float32 weights: the kernel's or XLA's dot
+    assert cpu_kernels.BLOCKS_TARGET not in wider
+    assert (cpu_kernels.MATMUL_TARGET in wider) == (model.BLOCKS_MAX_ROWS < model.CPU_MATMUL_MAX_ROWS)
 
 
 def test_bad_block_shapes_are_clear_errors():
