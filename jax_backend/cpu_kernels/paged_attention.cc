@@ -225,6 +225,15 @@ inline void value_tile(const float* const* p, const float* const* v, int64_t n, 
   }
 }
 
+// value_tile of `rows` <= RB rows.
+template <int DV, int RB>
+inline void value_rows(int64_t rows, const float* const* p, const float* const* v, int64_t n, float* const* acc) {
+  if constexpr (RB > 0) {
+    if (rows == RB) return value_tile<DV, RB>(p, v, n, acc);
+    value_rows<DV, RB - 1>(rows, p, v, n, acc);
+  }
+}
+
 // AVX-512: 24 accumulators of 3 rows x 8 keys; AVX2: 3 x 4 keys, one half of the lanes at a time
 // (12 of 16 registers). Keys per tile divide kKeyBlock.
 constexpr int kScoreRows = 3, kScoreKeys = kAvx512 ? 8 : 4;
@@ -301,9 +310,13 @@ struct TiledRows {
       float* a = w.acc_rows[r];
       for (int64_t d = 0; d < dim; d += 16) store(a + d, load(a + d) * alpha);
     }
-    for (int64_t r = rows; r < rows + kValueRows; ++r) std::fill(w.score_rows[r], w.score_rows[r] + n, 0.0f);
-    for (int64_t r = 0; r < rows; r += kValueRows)
+    // Whole tiles, then the rows left in a tile of their own size (a decode step's G = 3 rows of a
+    // kv head filled half of a 6-row tile with padding: attention alone 0.94-0.97x, docs/performance.md
+    // section 50). Each row's sums are the same either way.
+    int64_t r = 0;
+    for (; r + kValueRows <= rows; r += kValueRows)
       value_tile<DV, kValueRows>(w.score_rows.data() + r, w.values.data(), n, w.acc_rows.data() + r);
+    if (r < rows) value_rows<DV, kValueRows - 1>(rows - r, w.score_rows.data() + r, w.values.data(), n, w.acc_rows.data() + r);
   }
 };
 
