@@ -98,6 +98,26 @@ struct Scratch {
   std::vector<int64_t> visible;
 };
 
+// Points w.kv / w.values [0, n) at cached positions [pos0, pos0 + n) of one kv head (`pages`: the
+// sequence's page indices; a position's row of `row` floats holds the head's K at `head`, V at
+// `head + dim`) and asks for each (prefetch_kv). Page by page, without a division per key.
+inline void point_at_cache(Scratch& w, const float* pool, const int32_t* pages, int64_t page_size, int64_t row,
+                           int64_t head, int64_t dim, int64_t pos0, int64_t n) {
+  int64_t page = pos0 / page_size, slot = pos0 % page_size;
+  const float* at = pool + (pages[page] * page_size + slot) * row + head;
+  for (int64_t t = 0; t < n; ++t) {
+    w.kv[t] = at;
+    w.values[t] = at + dim;
+    prefetch_kv(at, dim);
+    if (++slot < page_size) {
+      at += row;
+    } else if (t + 1 < n) {
+      slot = 0;
+      at = pool + pages[++page] * page_size * row + head;
+    }
+  }
+}
+
 // The outputs of one (sequence, kv head) of `PagedPrefixAttention` set to the empty state, and
 // how far its queries see (0 for a padding sequence).
 struct PrefixUnit {
@@ -345,12 +365,7 @@ void attend_tiled(const Problem& p, int64_t s, int64_t h, Scratch& w) {
       [&](int64_t r) { return acc + r * dim; });
   for (int64_t start = 0; start < longest; start += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, longest - start);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = start + t, page = p.pages[s * p.width + pos / p.page_size];
-      w.kv[t] = p.pool + ((page * p.page_size + pos % p.page_size) * combined + 2 * h) * dim;
-      w.values[t] = w.kv[t] + dim;
-      prefetch_kv(w.kv[t], dim);
-    }
+    point_at_cache(w, p.pool, p.pages + s * p.width, p.page_size, combined * dim, 2 * h * dim, dim, start, n);
     pad_keys(w, n);
     for (int64_t r = 0; r < rows; ++r) w.visible[r] = limit[r % p.max_q] - start;
     tiled.block(w, n, p.scale, p.mask_value, dim);
@@ -421,18 +436,12 @@ void attend_ragged(const Ragged& p, int64_t s, int64_t h, int64_t chunk, Scratch
   const int64_t total = prefix + (first + rows - 1) / group + 1;  // what the chunk's last query sees
   for (int64_t start = 0; start < total; start += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, total - start);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = start + t;
-      if (pos < prefix) {
-        const int64_t page = p.pages[s * p.width + pos / p.page_size];
-        w.kv[t] = p.pool + ((page * p.page_size + pos % p.page_size) * combined + 2 * h) * dim;
-        w.values[t] = w.kv[t] + dim;
-        prefetch_kv(w.kv[t], dim);
-      } else {
-        const int64_t row = (begin + pos - prefix) * p.num_kv + h;
-        w.kv[t] = p.new_k + row * dim;
-        w.values[t] = p.new_v + row * dim;
-      }
+    const int64_t cached = std::clamp<int64_t>(prefix - start, 0, n);  // keys of the block in the pages
+    if (cached > 0) point_at_cache(w, p.pool, p.pages + s * p.width, p.page_size, combined * dim, 2 * h * dim, dim, start, cached);
+    for (int64_t t = cached; t < n; ++t) {  // this step's own tokens
+      const int64_t row = (begin + start + t - prefix) * p.num_kv + h;
+      w.kv[t] = p.new_k + row * dim;
+      w.values[t] = p.new_v + row * dim;
     }
     pad_keys(w, n);
     for (int64_t r = 0; r < rows; ++r) w.visible[r] = prefix + (first + r) / group + 1 - start;  // causal
