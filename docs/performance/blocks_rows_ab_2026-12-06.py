@@ -3,29 +3,14 @@ import json, os, subprocess, sys
 from pathlib import Path
 HERE = str(Path(__file__).resolve().parents[2])
 CODE = r'''
-import json, os, sys, time, numpy as np
+import json, os, sys
 sys.path.insert(0, os.environ["HERE"] + "/docs/performance")
 import jax_backend.model as M
 M.BLOCKS_MAX_ROWS = int(os.environ["BMR"])  # read when a step is traced
-from jax_backend import SeqInput, TargetRunner
-from runner_steps import step_fns
+from runner_steps import prefilled_runner, time_cases
 ctx = int(os.environ.get("CTX", 115)); cases = [tuple(map(int, c.split("x"))) for c in sys.argv[1:]]
-B = max(b for b, _ in cases)
-r = TargetRunner(os.environ["MODEL"], page_size=16, max_total_tokens=B * (ctx + 64), max_num_seqs=B, max_model_len=ctx + 32, aux_layer_ids=(1, 8, 14, 20, 27))
-rng = np.random.default_rng(0)
-tables = [r.allocator.allocate(i, ctx + 32) for i in range(B)]
-for g in range(0, B, 4):
-    r.forward([SeqInput(rng.integers(0, 49152, ctx).tolist(), 0, tables[j]) for j in range(g, min(B, g + 4))])
-res = {}
-for b, k in cases:
-    fns, _ = step_fns({"r": (r, tables)}, rng.integers(0, 49152, (b, k)), ctx)
-    for _ in range(8): o = fns["r"]()
-    ts = []
-    for _ in range(12):
-        t0 = time.perf_counter(); fns["r"](); ts.append(time.perf_counter() - t0)
-    out = np.asarray(o.tokens).tolist() if k == 1 else [np.asarray(o.accepted).tolist(), np.asarray(o.bonus).tolist()]
-    res[f"{b}x{k}"] = {"ms": float(np.median(ts) * 1e3), "out": out}
-print(json.dumps(res))
+r, tables, rng = prefilled_runner(os.environ["MODEL"], max(b for b, _ in cases), ctx)
+print(json.dumps(time_cases(r, tables, rng, cases, ctx)))
 '''
 cases = sys.argv[1:]
 A, B = map(int, os.environ.get("BMRS", "16 32").split())  # the two bounds compared (section 50: 32 64)

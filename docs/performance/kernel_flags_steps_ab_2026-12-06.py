@@ -9,28 +9,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_builds import run_builds  # (this folder)
 CODE = r'''
-import json, os, sys, time, numpy as np
+import json, os, sys
 sys.path.insert(0, os.environ["HERE"] + "/docs/performance")
-from jax_backend import SeqInput, TargetRunner, cpu_kernels
-from runner_steps import step_fns
+from jax_backend import cpu_kernels
 assert cpu_kernels.available()
+from runner_steps import prefilled_runner, time_cases
 ctx = int(os.environ.get("CTX", 115)); cases = [tuple(map(int, c.split("x"))) for c in os.environ["CASES"].split()]
-B = max(b for b, _ in cases)
-r = TargetRunner(os.environ["MODEL"], page_size=16, max_total_tokens=B * (ctx + 64), max_num_seqs=B, max_model_len=ctx + 32, aux_layer_ids=(1, 8, 14, 20, 27))
-rng = np.random.default_rng(0)
-tables = [r.allocator.allocate(i, ctx + 32) for i in range(B)]
-for g in range(0, B, 4):
-    r.forward([SeqInput(rng.integers(0, 49152, ctx).tolist(), 0, tables[j]) for j in range(g, min(B, g + 4))])
-res = {}
-for b, k in cases:
-    fns, _ = step_fns({"r": (r, tables)}, rng.integers(0, 49152, (b, k)), ctx)
-    for _ in range(8): o = fns["r"]()
-    ts = []
-    for _ in range(12):
-        t0 = time.perf_counter(); fns["r"](); ts.append(time.perf_counter() - t0)
-    out = np.asarray(o.tokens).tolist() if k == 1 else [np.asarray(o.accepted).tolist(), np.asarray(o.bonus).tolist()]
-    res[f"{b}x{k}"] = {"ms": float(np.median(ts) * 1e3), "out": out}
-print(json.dumps(res))
+r, tables, rng = prefilled_runner(os.environ["MODEL"], max(b for b, _ in cases), ctx)
+print(json.dumps(time_cases(r, tables, rng, cases, ctx)))
 '''
 variants = [a for a in sys.argv[1:] if ":" in a]
 cases = [a for a in sys.argv[1:] if ":" not in a]
