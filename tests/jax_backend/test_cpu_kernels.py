@@ -19,6 +19,13 @@ from tests.tiny_checkpoints import make_tiny_target
 PAGE, NUM_PAGES, PAGES_PER_SEQ, HEAD_DIM = 4, 64, 16, 64
 
 
+@pytest.fixture(autouse=True, scope="module")
+def registered_kernels():
+    """Every test here calls the kernels: they are built and registered first (also for a test
+    selected alone)."""
+    assert cpu_kernels.available()
+
+
 def test_the_kernel_builds_and_registers_here(monkeypatch, tmp_path):
     """CI's machines have a C++ compiler: the kernel must build (here into an empty directory, as
     on a new machine), load and export its handler, or every CPU step loses it."""
@@ -96,13 +103,13 @@ def test_kernel_prefix_attention_equals_the_jax_path():
 WHOLE_STEP_SPECS = [(16, 316), (7, 157), (1, 1), (16, 16), (3, 263), (16, 1100), (1, 700)]
 
 
-def whole_step_case(num_q_heads, num_kv_heads, head_dim):
+def whole_step_case(num_q_heads, num_kv_heads, head_dim, page=16):
     """Inputs of `prefix_block_attention` (numpy): verify blocks of up to CPU_KERNEL_MAX_Q_LEN
     tokens over prefixes past one 128-key block (several online-softmax steps), a sequence without
     a prefix, stale values at and after each prefix in the pages, padding sequences with garbage
-    lengths and padding rows."""
+    lengths and padding rows. A `page` size that does not divide 128 starts key blocks mid-page."""
     rng = np.random.default_rng(num_q_heads + head_dim)
-    page, pages_per_seq, max_seqs, num_tokens, num_pages = 16, 72, 8, 64, 200
+    pages_per_seq, max_seqs, num_tokens, num_pages = -(-1152 // page), 8, 64, 200
     specs = WHOLE_STEP_SPECS
     pool = rng.standard_normal((num_pages, page, 2 * num_kv_heads, head_dim), np.float32)
     pool[0] = 1e4  # scratch page: never read
@@ -117,11 +124,12 @@ def whole_step_case(num_q_heads, num_kv_heads, head_dim):
     return queries, new_k, new_v, pool, kv_lens, page_indices, cu_q_lens, np.array([len(specs)], np.int32)
 
 
-@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 64)])
-def test_the_whole_step_attention_equals_the_dense_reference_and_the_jax_path(num_q_heads, num_kv_heads, head_dim):
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_dim, page", [(9, 3, 64, 16), (8, 2, 128, 16), (4, 4, 64, 16),
+                                                                       (9, 3, 64, 24)])
+def test_the_whole_step_attention_equals_the_dense_reference_and_the_jax_path(num_q_heads, num_kv_heads, head_dim, page):
     """`prefix_block_attention` as one kernel call (`cpu_kernels.ragged_attention`) on
     `whole_step_case`, a block's rows split over work units."""
-    case = whole_step_case(num_q_heads, num_kv_heads, head_dim)
+    case = whole_step_case(num_q_heads, num_kv_heads, head_dim, page)
     queries, new_k, new_v, pool, kv_lens, page_indices, cu_q_lens, _ = case
     specs = WHOLE_STEP_SPECS
     args = [jnp.asarray(a) for a in case]
