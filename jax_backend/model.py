@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,7 @@ def forward(
     kv_pool: jax.Array,
     batch: Batch,
     aux_layer_ids: tuple[int, ...] = (),
+    head: Callable | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One packed ragged forward. `config` and `aux_layer_ids` are static (close over them or
     mark them static when jitting).
@@ -93,7 +95,8 @@ def forward(
              `aux_layer_ids` (the residual stream after layer l, before any final norm; equal to
              transformers' hidden_states[l + 1] for l < num_layers - 1, while for
              l = num_layers - 1 transformers reports the final-normed states instead),
-             new kv_pool).
+             new kv_pool); `head` (final_logits' arguments) in place of `final_logits`, e.g. the
+    greedy steps' `greedy_head.final_tokens`.
     """
     h, aux, new_kv = _layers(params, config, kv_pool, batch, aux_layer_ids)
     slots = batch.slot_mapping
@@ -105,7 +108,7 @@ def forward(
         slots = jnp.where(jnp.isnan(h[0, 0]), 0, slots)
     # new_kv [L, T, 2*Hkv, D] -> slots; padding rows land in each layer's scratch page 0.
     kv_pool = write_kv(kv_pool, new_kv, slots)
-    logits = final_logits(params, config, h, batch.logits_indices, batch.vocab_major_logits, batch.cpu_matmul)
+    logits = (head or final_logits)(params, config, h, batch.logits_indices, batch.vocab_major_logits, batch.cpu_matmul)
     return logits, aux, kv_pool
 
 

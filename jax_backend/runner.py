@@ -16,6 +16,7 @@ import numpy as np
 from jax_backend import compiled_memory, model, sampling, sharding, steps
 from jax_backend.batch import BatchError, SeqInput, build_batch, context_pages
 from jax_backend.config import TargetConfig
+from jax_backend.greedy_head import attach as attach_greedy_head
 from jax_backend.kv_cache import PageAllocator
 from jax_backend.layout_tuner import EXPLORE_ROOM, LayoutTuner
 from jax_backend.loader import load_target
@@ -23,9 +24,8 @@ from jax_backend.outputs import AuxRows, ForwardOutput, SampleOutput, VerifyOutp
 from jax_backend.paged_attention import DEFAULT_CHUNK_TOKENS
 
 
-# "auto" (the default): the scan, except that on a CPU decode and verify steps run the scan or the
-# switch, whichever `LayoutTuner` timed faster for their shape (docs/performance.md sections 19-20, 24;
-# on accelerators the switch is unmeasured). The other values are `model.forward`'s layouts.
+# "auto" (the default): the scan, but on a CPU decode and verify steps run the scan or the switch, whichever
+# `LayoutTuner` timed faster for their shape (docs/performance.md sections 19-20, 24); else `model.forward`'s.
 LAYER_LOOPS = (*model.LAYER_LOOPS, "auto")
 
 
@@ -57,6 +57,7 @@ class TargetRunner:
         cpu_attention: bool | None = None,
         cpu_matmul: bool | None = None,
         gguf_blocks: bool = True,
+        greedy_head: bool | None = None,
     ):
         """`layer_loop` (`LAYER_LOOPS`, `model.forward`): "auto" (default: "scan"; on a CPU decode
         and verify steps run the scan or the switch, whichever `LayoutTuner` timed faster), "scan",
@@ -70,7 +71,8 @@ class TargetRunner:
         runs the CPU kernels (`jax_backend.cpu_kernels`); None (default) = wherever it applies:
         one CPU device, float32, the kernels built. True where it cannot apply is an error.
         `cpu_matmul`: the same for the matmul kernel (`model.project`, <= 64 rows); its few-row
-        products read the checkpoint's GGUF blocks (`jax_backend.blocks`) unless `gguf_blocks` is False."""
+        products read the checkpoint's GGUF blocks (`jax_backend.blocks`) unless `gguf_blocks` is False.
+        `greedy_head`: greedy steps' tokens from the greedy head kernel (`greedy_head.attach`)."""
         if layer_loop not in LAYER_LOOPS:
             raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {layer_loop!r}")
         self.mesh = self._tp_mesh(model_dir, tp_size, fuse_projections)
@@ -90,6 +92,7 @@ class TargetRunner:
 
         self.dtype = dtype
         self.page_size = page_size
+        self._min_pages = max(1, DEFAULT_CHUNK_TOKENS // page_size)
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.aux_layer_ids = aux_layer_ids
@@ -106,6 +109,7 @@ class TargetRunner:
         self.layer_loop, self.fuse_projections = layer_loop, fuse_projections
         if self._loop_to_longest and self.mesh is None:  # on a CPU: the weights out-major (`model.project`)
             self.params = model.out_major_layers(self.params)
+        self.params = attach_greedy_head(self.params, greedy_head, self.cpu_matmul)
         # The steps' view of the weights; `self.params` keeps the stacked layout (out-major on a CPU).
         self._step_params = self._layout("scan" if layer_loop == "auto" else layer_loop)
         self._tuner = LayoutTuner() if layer_loop == "auto" and self._loop_to_longest else None  # on a CPU
@@ -365,8 +369,8 @@ class TargetRunner:
         """Whether steps run a CPU kernel (`cpu_attention` / `cpu_matmul` of __init__)."""
         if wanted is False:
             return False
-        # Under tensor parallel XLA cannot partition a custom call (it would gather the pool and
-        # the weights); the matmul kernel reads the out-major weights a CPU runner keeps.
+        # Under tensor parallel XLA cannot partition a custom call (it would gather the pool and the
+        # weights); the matmul kernel reads the out-major weights a CPU runner keeps.
         applies = self._loop_to_longest and self.mesh is None and self.kv_pool.dtype == jnp.float32
         if wanted and not applies:
             raise ValueError(f"{name}=True needs one CPU device and dtype float32")
@@ -377,10 +381,6 @@ class TargetRunner:
         if wanted and not cpu_kernels.available():
             raise RuntimeError(f"{name}=True but the CPU kernels could not be built (see the warning above)")
         return cpu_kernels.available()
-
-    @property
-    def _min_pages(self) -> int:
-        return max(1, DEFAULT_CHUNK_TOKENS // self.page_size)
 
 
 def _full_precision(body: Callable) -> Callable:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_backend import model, sampling
+from jax_backend import greedy_head, model, sampling
 from jax_backend.batch import Batch
 from jax_backend.config import TargetConfig
 
@@ -35,6 +35,8 @@ def sample_step(
     mode: str,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Returns (tokens i32[R], aux [T, n_aux*H], new kv_pool)."""
+    if mode == "greedy":  # the argmax of the logits, without all of them where the greedy head runs
+        return model.forward(params, config, kv_pool, batch, aux_layer_ids, head=greedy_head.final_tokens)
     logits, aux, kv_pool = model.forward(params, config, kv_pool, batch, aux_layer_ids)
     tokens = sampling.sample_for_mode(logits, temperature, top_p, top_k, key, mode)
     return tokens, aux, kv_pool
@@ -67,13 +69,13 @@ def verify_step(
     `features` are the drafter's context features of every block row (aux block `norm_block`
     final-normed, as `TargetRunner.hidden_state_features`): a sequence commits rows 0..a.
     """
-    logits, aux, kv_pool = model.forward(params, config, kv_pool, batch, aux_layer_ids)
     if mode == "greedy":
-        # The argmax of each logit row, then their token ids gathered: gathering [S, B, V] logits
-        # first (padding positions repeat rows) doubled the argmax's work in a plain step.
-        target = sampling.argmax(logits)[block_rows]  # [S, B]
-        accepted, bonus = sampling.greedy_accept_tokens(drafts, target, num_drafts)
+        # The argmax of each logit row (`greedy_head.final_tokens`), then their token ids gathered:
+        # gathering [S, B, V] logits first (padding positions repeat rows) doubled the argmax's work.
+        tokens, aux, kv_pool = model.forward(params, config, kv_pool, batch, aux_layer_ids, head=greedy_head.final_tokens)
+        accepted, bonus = sampling.greedy_accept_tokens(drafts, tokens[block_rows], num_drafts)
     else:
+        logits, aux, kv_pool = model.forward(params, config, kv_pool, batch, aux_layer_ids)
         target_logits = logits[block_rows]  # [S, B, V]
         seqs, block, vocab = target_logits.shape
         p = sampling.probs_for_mode(target_logits.reshape(seqs * block, vocab), temperature, top_p, top_k, mode)

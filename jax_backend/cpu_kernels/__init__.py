@@ -10,7 +10,10 @@ merges), which cost more than the attention itself at 8-16 queries per sequence.
 streams each weight row from memory once, where XLA:CPU's few-row dots read weights at a fraction
 of the bandwidth, and gives every row bit-identical sums whatever the number of rows.
 
-The shared library is compiled from `paged_attention.cc` and `rows_matmul.cc` (g++ or $CXX, `-O3 -march=native`,
+`greedy_tokens` is the argmax of `rows_matmul`'s logits of the lm_head without computing most of them
+exactly (bfloat16 AMX tiles bound every logit; the few that may be the largest are computed exactly).
+
+The shared library is compiled from `paged_attention.cc`, `rows_matmul.cc` and `greedy_head.cc` (g++ or $CXX, `-O3 -march=native`,
 against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
 $XDG_CACHE_HOME (~/.cache)/sgl_dflash/cpu_kernels, keyed by the source, the compiler, its flags,
 jaxlib's version and the CPU's features: a few seconds once per machine. Where that cannot be
@@ -42,7 +45,7 @@ from jax_backend.blocks import BlockWeights
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cc", "rows_matmul.cc"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cc", "rows_matmul.cc", "greedy_head.cc"))
 HEADERS = (Path(__file__).with_name("common.h"),)
 TARGET = "sgl_dflash_paged_prefix_attention"
 MATMUL_TARGET = "sgl_dflash_rows_matmul"
@@ -50,6 +53,7 @@ BLOCKS_TARGET = "sgl_dflash_rows_matmul_blocks"
 BF16_TARGET = "sgl_dflash_rows_matmul_bf16"
 RAGGED_TARGET = "sgl_dflash_ragged_attention"
 DENSE_TARGET = "sgl_dflash_dense_attention"
+GREEDY_TARGET = "sgl_dflash_greedy_head"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
 ENV_DIR = "SGL_DFLASH_KERNEL_DIR"
@@ -113,12 +117,23 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET, DENSE_TARGET):
+        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET, DENSE_TARGET, GREEDY_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
         return False
+    _library.append(library)
     return True
+
+
+_library: list[ctypes.CDLL] = []  # the loaded kernels, once `available()`
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether the greedy head runs AMX tiles here: the kernels are built with them (an Intel CPU
+    with AMX-BF16) and Linux grants this process the tile state."""
+    return available() and bool(_library[0].sgl_dflash_greedy_head_amx())
 
 
 def paged_prefix_attention(q, kv_pages, page_indices, limit, num_seqs, *, sm_scale: float, mask_value: float):
@@ -190,3 +205,13 @@ def rows_matmul_blocks(x, blocks, layer=None):
         offset = jnp.zeros((1, 1, 1), jnp.float32)
     call = jax.ffi.ffi_call(BLOCKS_TARGET, jax.ShapeDtypeStruct((x.shape[0], codes.shape[1]), jnp.float32))
     return call(x, codes, scale, offset, jnp.asarray(layer, jnp.int32).reshape(1), bits=np.int32(bits))
+
+
+def greedy_tokens(x, w, head, amx: bool = True):
+    """int32 [R]: argmax over v of `rows_matmul(x, w)` [R, V] (the same bits, so the same tokens:
+    the first maximum, the first NaN in a row with one), for x float32 [R <= 64, K] and the
+    weights w float32 [V, K] with their `greedy_head.GreedyHead` (its bfloat16 tiles). `amx`
+    False, or no AMX here: the approximation runs as plain float code (slow; for tests). Call
+    `available()` first."""
+    call = jax.ffi.ffi_call(GREEDY_TARGET, jax.ShapeDtypeStruct((x.shape[0],), jnp.int32))
+    return call(x, w, head.packed, head.row_max, amx=np.int32(bool(amx)))

@@ -9,9 +9,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jax_backend import TargetRunner
+from jax_backend import TargetRunner, greedy_head
 from jax_backend.loader import FUSED_BLOCKS
-from jax_backend.model import BLOCKS_MAX_ROWS
+from jax_backend.model import BLOCKS_MAX_ROWS, CPU_MATMUL_MAX_ROWS
 
 
 # -- the machine ----------------------------------------------------------------------------------
@@ -59,19 +59,26 @@ def roofline(config, params_bytes: int, batch: int, k: int, context: int, machin
 
 def target_bytes(runner: TargetRunner) -> int:
     """Bytes of the target's float32 weights (a tied lm_head is one array, counted twice in the
-    tree; GGUF blocks kept beside them, `jax_backend.blocks`, are not counted)."""
-    params = {name: value for name, value in runner.params.items() if name != "blocks"}
+    tree; GGUF blocks and the greedy head's bfloat16 tiles kept beside them are not counted)."""
+    params = {name: value for name, value in runner.params.items() if name not in ("blocks", "greedy_head")}
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
     return nbytes - (params["lm_head"].nbytes if runner.config.tie_word_embeddings else 0)
 
 
 def weight_bytes_read(runner: TargetRunner, rows: int) -> int:
-    """Bytes of weights a step of `rows` rows reads: `target_bytes`, except that the kernel's
-    few-row products read the GGUF blocks of the weights that have them (`model.BLOCKS_MAX_ROWS`)."""
-    blocks = runner.params.get("blocks", {})
-    if not (runner.cpu_matmul and blocks and rows <= BLOCKS_MAX_ROWS):
-        return target_bytes(runner)
-    layers = runner.params["layers"]
-    parts = [part for name in blocks for part in FUSED_BLOCKS.get(name, (name,))]  # a fused stack's parts
-    replaced = sum((runner.params["lm_head"] if name == "lm_head" else layers[f"{name}_t"]).nbytes for name in parts)
-    return target_bytes(runner) - replaced + sum(x.nbytes for x in jax.tree_util.tree_leaves(blocks))
+    """Bytes of weights a (greedy) step of `rows` rows reads: `target_bytes`, except that the
+    kernel's few-row products read the GGUF blocks of the weights that have them
+    (`model.BLOCKS_MAX_ROWS`), and the greedy head's steps (`greedy_head.MIN_ROWS`-64 rows) its
+    bfloat16 tiles in place of the lm_head."""
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))  # noqa: E731
+    total, blocks = target_bytes(runner), runner.params.get("blocks", {})
+    with_blocks = runner.cpu_matmul and blocks and rows <= BLOCKS_MAX_ROWS
+    if with_blocks:
+        layers = runner.params["layers"]
+        parts = [part for name in blocks for part in FUSED_BLOCKS.get(name, (name,))]  # a fused stack's parts
+        total += nbytes(blocks) - sum(nbytes(runner.params["lm_head"] if name == "lm_head" else layers[f"{name}_t"])
+                                      for name in parts)
+    head = runner.params.get("greedy_head")
+    if head is not None and greedy_head.MIN_ROWS <= rows <= CPU_MATMUL_MAX_ROWS:
+        total += nbytes(head) - nbytes(blocks["lm_head"] if with_blocks and "lm_head" in blocks else runner.params["lm_head"])
+    return total

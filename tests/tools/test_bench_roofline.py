@@ -76,11 +76,19 @@ def test_a_step_that_reads_gguf_blocks_is_measured_against_their_bytes(tmp_path)
 
     model = make_tiny_target(tmp_path / "model", "llama", num_hidden_layers=2)
     quantize_checkpoint(model)
-    runner = TargetRunner(model, max_total_tokens=256, max_num_seqs=2)
+    runner = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, greedy_head=False)
     full = bench_roofline.target_bytes(runner)
-    float32 = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, gguf_blocks=False)
+    float32 = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, gguf_blocks=False, greedy_head=False)
     assert full == bench_roofline.target_bytes(float32) == bench_roofline.weight_bytes_read(float32, 1)
-    blocks = sum(x.nbytes for x in jax.tree_util.tree_leaves(runner.params["blocks"]))
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))  # noqa: E731
+    blocks = nbytes(runner.params["blocks"])
     few = bench_roofline.weight_bytes_read(runner, BLOCKS_MAX_ROWS)
     assert few < full / 3 and few > blocks  # the norms stay float32
     assert bench_roofline.weight_bytes_read(runner, BLOCKS_MAX_ROWS + 1) == full
+    # The greedy head's steps read its bfloat16 tiles in place of the head's blocks; its copy is not
+    # part of the float32 weights.
+    headed = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, greedy_head=True)
+    head, head_blocks = nbytes(headed.params["greedy_head"]), nbytes(headed.params["blocks"]["lm_head"])
+    assert bench_roofline.target_bytes(headed) == full
+    assert bench_roofline.weight_bytes_read(headed, 16) == bench_roofline.weight_bytes_read(runner, 16) - head_blocks + head
+    assert bench_roofline.weight_bytes_read(headed, 8) == bench_roofline.weight_bytes_read(runner, 8)
