@@ -2,7 +2,8 @@
 runners over the same prefilled tokens, steps interleaved pair by pair; engine defaults otherwise:
 auto layer loop, GGUF blocks). Cases BxK (env CASES; K = 1: a decode step's sampling program; K > 1: a verify
 of K-token blocks). Env CTX (128), STEPS (30). Prints per case the median ms of each and the median
-of the pairs' ratios, and asserts equal outputs; writes JSON to argv[1]."""
+of the pairs' ratios, and asserts equal outputs; writes JSON to argv[1]. REVERSE=1 builds the
+logits runner first (the first-built runner's buffers land elsewhere)."""
 import json, os, statistics, sys, time
 import numpy as np
 from jax_backend import SeqInput, TargetRunner
@@ -15,7 +16,8 @@ B = max(b for b, _ in cases)
 model = os.path.join(os.path.dirname(__file__), "../../cache/models/SmolLM2-135M-Instruct")
 runners, rng = {}, np.random.default_rng(0)
 prompts = rng.integers(0, 49152, (B, ctx))
-for name, head in (("head", None), ("logits", False)):
+order = (("head", None), ("logits", False))
+for name, head in order[::-1] if os.environ.get("REVERSE") else order:  # which runner is built first
     r = TargetRunner(model, page_size=16, max_total_tokens=B * (ctx + 64), max_num_seqs=B, max_model_len=ctx + 32,
                      aux_layer_ids=(1, 8, 14, 20, 27), greedy_head=head)
     assert ("greedy_head" in r.params) == (head is None), "no AMX here: the head is off"

@@ -142,18 +142,10 @@ void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
-#ifndef AHEAD
-#define AHEAD 2
-#endif
-constexpr int64_t kAhead = AHEAD;
-#ifndef LINE_STEP
-#define LINE_STEP 1
-#endif  // groups ahead that a chunk's prefetch asks for (into L2)
+// How many groups of weight tiles ahead a chunk's prefetch asks for (into L2): tile loads leave the
+// hardware prefetcher idle (one thread streamed 6.6 GB/s without; 1, 2, 4 and 8 were within noise).
+constexpr int64_t kAhead = 2;
 
-// One chunk's products on MT x NG accumulator tiles (rows tile m, outputs group g: tile m * NG + g),
-// NG weight tiles after them and the row tiles in what is left. Four accumulators at once: a tile
-// product's latency is ~3x its issue interval, and with one accumulator per row tile the chain of
-// chunks waited on it (one thread, weights in cache: 1.66 ms for the head at 32 rows).
 // Tile instructions on tile numbers that are template arguments (GCC's _tile_* macros paste their
 // argument's spelling into the instruction).
 template <int T>
@@ -173,6 +165,10 @@ inline void tile_dpbf16ps() {
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
 }
 
+// One chunk's products on MT x NG accumulator tiles (rows tile m, outputs group g: tile m * NG + g),
+// NG weight tiles after them and the row tiles in what is left. Four accumulators at once: a tile
+// product's latency is ~3x its issue interval, and with one accumulator per row tile the chain of
+// chunks waited on it (one thread, weights in cache: 1.66 ms for the head at 32 rows).
 template <int MT, int NG, int I = 0>
 inline void chunk_products(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t b_step) {
   if constexpr (I < MT * NG) {
@@ -208,10 +204,8 @@ void approx_tiles(const Rows& rows, const uint16_t* packed, float* approx) {
   const int64_t chunks = rows.k_dim / kChunk, stride = rows.k_dim * 2;
   zero_tiles<MT, NG>();
   for (int64_t c = 0; c < chunks; ++c) {
-    // Tile loads leave the hardware prefetcher idle (one thread read 6.6 GB/s): ask for the
-    // groups kAhead * NG on, a tile per group and chunk.
-    for (int g = 0; g < NG * (kAhead > 0); ++g)
-      for (int line = 0; line < kTile * 2 / 64; line += LINE_STEP)
+    for (int g = 0; g < NG; ++g)  // (past the last group a prefetch does nothing)
+      for (int line = 0; line < kTile * 2 / 64; ++line)
         __builtin_prefetch(packed + ((kAhead * NG + g) * chunks + c) * kTile + line * 32, 0, 2);
     chunk_products<MT, NG>(rows.xh.data() + c * kChunk, stride, packed + c * kTile, chunks * kTile);
   }
