@@ -40,12 +40,11 @@ def attach(params: dict, option: bool | None, cpu_matmul: bool) -> dict:
     from jax_backend import cpu_kernels
 
     lm_head = params["lm_head"]
-    if option and not (cpu_matmul and lm_head.dtype == jnp.float32 and fits(lm_head.shape)):
+    applies = cpu_matmul and lm_head.dtype == jnp.float32 and fits(lm_head.shape)
+    if option and not applies:
         raise ValueError(f"greedy_head=True needs the CPU matmul kernel and a float32 lm_head of shape "
                          f"[V % 16 == 0, K % 32 == 0], got {lm_head.dtype} {lm_head.shape}")
-    if option is False or not cpu_matmul or lm_head.dtype != jnp.float32 or not fits(lm_head.shape):
-        return params
-    if option is None and not cpu_kernels.amx_available():
+    if not applies or option is False or (option is None and not cpu_kernels.amx_available()):
         return params
     return {**params, "greedy_head": pack(lm_head)}
 

@@ -55,12 +55,6 @@ inline uint16_t bf16_nearest(float f) {  // round to nearest even (finite f)
   return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
-inline uint16_t bf16_up(float f) {  // the smallest bfloat16 >= f, for f >= 0
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return uint16_t((uint64_t(bits) + 0xFFFF) >> 16);
-}
-
 inline float bf16_value(uint16_t h) {
   const uint32_t bits = uint32_t(h) << 16;
   float f;
