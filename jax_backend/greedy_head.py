@@ -1,11 +1,11 @@
-"""The lm_head as the greedy head kernel reads it (`cpu_kernels.greedy_tokens`): its weights in
-bfloat16, laid out as AMX tiles, and each row's largest magnitude, from which the kernel bounds how
-far a bfloat16 logit can be from the exact one.
+"""The lm_head as the greedy head kernel reads it (`cpu_kernels.greedy_tokens`): its weights
+requantized to int8 with one scale per output, laid out as AMX tiles, with what the kernel needs to
+bound how far its approximate logits can be from the exact ones.
 
-A greedy step needs only each row's argmax; the kernel finds it from these tiles (16x the float32
-FMA rate on an AMX core) and computes exactly only the few logits that may be the largest, so the
-tokens are those of the float32 logits (docs/performance.md section 51). The copy costs half the
-float32 head's bytes (SmolLM2: 57 MB).
+A greedy step needs only each row's argmax; the kernel finds it from these tiles (int8 products on
+an AMX core, ~32x the float32 FMA rate) and computes exactly only the few logits that may be the
+largest, so the tokens are those of the float32 logits (docs/performance.md sections 51-52). The
+copy costs a quarter of the float32 head's bytes (SmolLM2: 28 MB, as many as its GGUF Q8_0 blocks).
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ import jax.numpy as jnp
 from jax_backend import model, sampling
 from jax_backend.config import TargetConfig
 
-GROUP, CHUNK = 16, 32  # outputs per tile, K per tile
+GROUP, CHUNK = 16, 64  # outputs per tile, K per tile
 
 
 class GreedyHead(NamedTuple):
-    packed: jax.Array  # uint16 [V/16, K/32, 512]: tile (g, c) row i, column n = w[16g + n, 32c + 2i + (0, 1)]
-    row_max: jax.Array  # float32 [V]: max |w[v, :]|, each logit's bound per unit of ||x||_1
+    packed: jax.Array  # int8 [V/16, K/64, 1024]: tile (g, c) row i, bytes 4n + t = q[16g + n, 64c + 4i + t]
+    scale: jax.Array  # float32 [V]: D_v = max|w[v]| / 127, w[v] ~ D_v q[v]
+    row_max: jax.Array  # float32 [V]: max |w[v, :]|
+    row_err: jax.Array  # float32 [V]: an upper bound on max_i |w[v, i] - D_v q[v, i]|
 
 
 def fits(w_shape: tuple[int, ...]) -> bool:
-    """Whether a [V, K] head has the kernel's tile shape (V % 16 == 0, K % 32 == 0)."""
+    """Whether a [V, K] head has the kernel's tile shape (V % 16 == 0, K % 64 == 0)."""
     return len(w_shape) == 2 and w_shape[0] % GROUP == 0 and w_shape[1] % CHUNK == 0
 
 
@@ -43,7 +45,7 @@ def attach(params: dict, option: bool | None, cpu_matmul: bool) -> dict:
     applies = cpu_matmul and lm_head.dtype == jnp.float32 and fits(lm_head.shape)
     if option and not applies:
         raise ValueError(f"greedy_head=True needs the CPU matmul kernel and a float32 lm_head of shape "
-                         f"[V % 16 == 0, K % 32 == 0], got {lm_head.dtype} {lm_head.shape}")
+                         f"[V % 16 == 0, K % 64 == 0], got {lm_head.dtype} {lm_head.shape}")
     if not applies or option is False or (option is None and not cpu_kernels.amx_available()):
         return params
     return {**params, "greedy_head": pack(lm_head)}
@@ -51,28 +53,45 @@ def attach(params: dict, option: bool | None, cpu_matmul: bool) -> dict:
 
 @jax.jit
 def pack(w: jax.Array) -> GreedyHead:
-    """The greedy head of float32 weights w [V, K] (`fits`): bfloat16 rounded to nearest even."""
+    """The greedy head of float32 weights w [V, K] (`fits`)."""
     v, k = w.shape
-    bits = jax.lax.bitcast_convert_type(w.astype(jnp.bfloat16), jnp.uint16)
-    # AMX B tiles: pairs along K, 16 outputs across
-    tiles = bits.reshape(v // GROUP, GROUP, k // CHUNK, CHUNK // 2, 2).transpose(0, 2, 3, 1, 4)
-    return GreedyHead(tiles.reshape(v // GROUP, k // CHUNK, GROUP * CHUNK), jnp.max(jnp.abs(w), axis=-1))
-
-
-# The fewest rows whose greedy tokens come from the kernel. Below, the float32 head over GGUF Q8_0
-# blocks reads half the bytes and the step is bound by reading them: real steps at 1-8 rows ran
-# 1.02-1.04x slower with the kernel, at 16-64 rows 0.84-0.97x (docs/performance.md section 51).
-MIN_ROWS = 16
+    row_max = jnp.max(jnp.abs(w), axis=-1)
+    scale = row_max / 127
+    q = jnp.clip(jnp.round(w / jnp.where(scale > 0, scale, 1)[:, None]), -127, 127)
+    # |w - D q| as float32 computes it, up to 2^-24 of |w| and of |D q| (<= row_max (1 + 2^-23)) each
+    err = jnp.max(jnp.abs(w - scale[:, None] * q), axis=-1)
+    row_err = err * (1 + 2.0**-20) + row_max * 2.0**-20
+    # AMX B tiles: runs of 4 along K, 16 outputs across
+    tiles = q.astype(jnp.int8).reshape(v // GROUP, GROUP, k // CHUNK, CHUNK // 4, 4).transpose(0, 2, 3, 1, 4)
+    return GreedyHead(tiles.reshape(v // GROUP, k // CHUNK, GROUP * CHUNK), scale, row_max, row_err)
 
 
 def final_tokens(params: dict, config: TargetConfig, h: jax.Array, rows: jax.Array, vocab_major: bool = False,
                  cpu_kernel: bool = False) -> jax.Array:
     """int32 [R]: `sampling.argmax(model.final_logits(...))` (same arguments), the same tokens; from
     the greedy head kernel where params hold one (`TargetRunner(greedy_head=...)`) and the step's
-    MIN_ROWS-64 rows run the CPU kernels (the kernel's exact logits are theirs)."""
+    rows (at most 64) run the CPU kernels (the kernel's exact logits are theirs). Its int8 copy reads
+    as many bytes as the Q8_0 head, so it pays at every row count: real steps ran 0.81-0.94x
+    (docs/performance.md section 52)."""
     head = params.get("greedy_head")
-    if head is not None and cpu_kernel and MIN_ROWS <= rows.shape[0] <= model.CPU_MATMUL_MAX_ROWS:
+    if head is not None and cpu_kernel and rows.shape[0] <= model.CPU_MATMUL_MAX_ROWS:
         from jax_backend import cpu_kernels
 
         return cpu_kernels.greedy_tokens(model.rms_norm(h[rows], params["norm"], config.rms_norm_eps), params["lm_head"], head)
     return sampling.argmax(model.final_logits(params, config, h, rows, vocab_major, cpu_kernel))
+
+
+def drafter_tokens(x: jax.Array, arrays: tuple[jax.Array, GreedyHead]) -> jax.Array:
+    """`cpu_kernels.greedy_tokens(x, *arrays)`: the drafter's greedy head (`for_drafter`)."""
+    from jax_backend import cpu_kernels
+
+    return cpu_kernels.greedy_tokens(x, *arrays)
+
+
+def for_drafter(params: dict) -> tuple | None:
+    """`DFlashProposer(greedy_head=)` for a drafter sharing a runner's lm_head: (drafter_tokens,
+    (lm_head, its greedy head)) where the runner holds one (`attach`), else None. The drafter's
+    greedy logits are the matmul kernel's products of that lm_head (the blocks' bits are its
+    float32 values'), so the tokens are theirs."""
+    head = params.get("greedy_head")
+    return None if head is None else (drafter_tokens, (params["lm_head"], head))

@@ -11,7 +11,7 @@ from .config import DFlashConfig
 from .dflash2 import build_draft_model
 from .dflash2_jax import draft_path
 from .cpu_lowering import cpu_attention, few_row_matmul
-from .jax_drafter import draft_block, extend_cache, flush_pending, write_pending
+from .jax_drafter import draft_block, draft_greedy, extend_cache, flush_pending, write_pending
 
 
 class JittedDrafter:
@@ -21,10 +21,10 @@ class JittedDrafter:
     pytree, so one instance serves every proposer whose drafter has the same config (see
     `jitted_drafter`), and compiled programs are shared between them. `matmul`: the few-row
     projections' CPU kernel, or None (`cpu_lowering.few_row_matmul`); `attention`: the attention's
-    (`cpu_lowering.cpu_attention`).
+    (`cpu_lowering.cpu_attention`); `greedy`: a greedy head kernel for `draft_greedy`, or None.
     """
 
-    def __init__(self, config: DFlashConfig, block_size: int, matmul=None, attention=None):
+    def __init__(self, config: DFlashConfig, block_size: int, matmul=None, attention=None, greedy=None):
         self.matmul = matmul
         self.attention = attention
         with torch.device("meta"):
@@ -35,6 +35,12 @@ class JittedDrafter:
             static_argnames=("read_len", "pending_rows"),
             donate_argnames=("k_cache", "v_cache"),
         )
+        if greedy is not None:  # tokens only, from the greedy head kernel
+            self.draft_greedy = jax.jit(
+                self._counted(functools.partial(draft_greedy, skeleton, block_size, greedy)),
+                static_argnames=("read_len", "pending_rows"),
+                donate_argnames=("k_cache", "v_cache"),
+            )
         if config.is_dflash2:  # the selector's path instead of the argmax
             self.draft_path = jax.jit(
                 self._counted(functools.partial(draft_path, skeleton, block_size)),
@@ -61,7 +67,7 @@ class JittedDrafter:
 
 
 @functools.lru_cache(maxsize=16)
-def jitted_drafter(config: DFlashConfig, block_size: int, matmul=None, attention=None) -> JittedDrafter:
+def jitted_drafter(config: DFlashConfig, block_size: int, matmul=None, attention=None, greedy=None) -> JittedDrafter:
     """The shared `JittedDrafter` for a drafter config (DFlashConfig compares structure only)."""
-    return JittedDrafter(config, block_size, matmul, attention)
+    return JittedDrafter(config, block_size, matmul, attention, greedy)
 

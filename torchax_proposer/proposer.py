@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import DrafterStateError
+from .cpu_lowering import FEW_ROWS
 from .jax_drafter import (JAX_DTYPES, DraftPath, as_numpy, bfloat16_linear_weights, draft_weights, init_draft_cache,
                           model_params, next_power_of_two, replicated_over)
 from .jitted import jitted_drafter
@@ -48,6 +49,8 @@ class DFlashProposer:
 
     `target_embed` / `target_lm_head`: the target's [V, H] arrays (not in drafter checkpoints).
     `block_size`: defaults to the checkpoint's; a smaller one serves e.g. a b16 drafter at B=8.
+    `greedy_head`: (greedy, head), the target's greedy head kernel and arrays (`draft_greedy`): a propose
+    reading no logits takes its tokens from it (kernel rows, float32, no token map, multiplier or softcap).
     """
 
     # Prompts are appended in chunks of power-of-two rows from min_prefill_rows to prefill_chunk.
@@ -59,7 +62,7 @@ class DFlashProposer:
     def __init__(self, draft_dir: str | Path, *, target_embed: Any, target_lm_head: Any, target_config: dict[str, Any],
                  max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",
                  token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None,
-                 kernel_lm_head: Any = None, cpu_attention: Callable | None = None):
+                 kernel_lm_head: Any = None, cpu_attention: Callable | None = None, greedy_head: Any = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`cpu_lowering.few_row_matmul`)
         self._attention = cpu_attention  # a CPU kernel for the attention (`cpu_lowering.cpu_attention`)
@@ -110,7 +113,9 @@ class DFlashProposer:
         self.narrow_params = bfloat16_linear_weights(self.model, self.params) if narrow else self.params
         mapped = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
         self.narrow_head = jax.tree.map(mapped, kernel_lm_head) if narrow and kernel_lm_head is not None else self.lm_head
-        self._jit = jitted_drafter(self.config, self.block_size, self._matmul, self._attention)
+        plain = self.token_map is None and self.config.output_multiplier == 1 and not self.config.final_logit_softcapping
+        self._greedy = greedy_head if narrow and plain else None
+        self._jit = self._jitted(self.block_size)
         self._blocks_used = {self.block_size}  # draft blocks asked for (their programs count too)
         self._seqs: dict[Any, _SeqState] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
@@ -127,9 +132,8 @@ class DFlashProposer:
         features = as_numpy(context_features)
         self._check_rows(seq_id, features, min_rows=1)
         if len(features) > self.max_context_len:
-            raise DrafterStateError(
-                f"sequence {seq_id!r}: prompt of {len(features)} rows exceeds max_context_len={self.max_context_len}"
-            )
+            raise DrafterStateError(f"sequence {seq_id!r}: prompt of {len(features)} rows exceeds "
+                                    f"max_context_len={self.max_context_len}")
         state = _SeqState(slot=self._free_slots.pop(), cache_len=0)
         self._seqs[seq_id] = state
         for start in range(0, len(features), self.prefill_chunk):
@@ -158,7 +162,11 @@ class DFlashProposer:
     def num_compilations(self) -> int:
         """Programs compiled so far by the jitted drafter functions (shared by proposers whose
         drafters have the same config)."""
-        return sum(jitted_drafter(self.config, b, self._matmul, self._attention).num_traces for b in self._blocks_used)
+        return sum(self._jitted(b).num_traces for b in self._blocks_used)
+
+    def _jitted(self, block: int):
+        greedy = None if self._greedy is None else self._greedy[0]
+        return jitted_drafter(self.config, block, self._matmul, self._attention, greedy)
 
     def _draft_jit(self, block_size: int | None):
         """The jitted drafter of a `block_size` draft block (default: the proposer's; shorter: fewer drafts)."""
@@ -166,7 +174,7 @@ class DFlashProposer:
         if not 2 <= block <= self.block_size:
             raise ValueError(f"draft block_size must be in [2, {self.block_size}], got {block_size!r}")
         self._blocks_used.add(block)
-        return jitted_drafter(self.config, block, self._matmul, self._attention), block
+        return self._jitted(block), block
 
     # ---- decode step ----------------------------------------------------------------------------
 
@@ -191,15 +199,19 @@ class DFlashProposer:
         batch = self._draft_batch(seq_ids, bonus_tokens)
         if batch is None:
             empty = np.zeros((0, block - 1), np.int32)
-            if not (return_logits or return_confidence):
-                return empty
-            return empty, np.zeros(empty.shape + ((self.config.vocab_size,) if return_logits else ()), np.float32)
+            vocab = (self.config.vocab_size,) if return_logits else ()
+            return (empty, np.zeros(empty.shape + vocab, np.float32)) if return_logits or return_confidence else empty
         states, inputs, statics = batch
         params = draft_weights(self.params, self.narrow_params, len(inputs[-1]) * max(block, statics["pending_rows"]))
-        head = draft_weights(self.lm_head, self.narrow_head, len(inputs[-1]) * (block - 1))
+        rows = len(inputs[-1]) * (block - 1)
+        if self._greedy is not None and not (return_logits or return_confidence) and rows <= FEW_ROWS:
+            tokens, self.k_cache, self.v_cache = jit.draft_greedy(
+                params, self.embed, self._greedy[1], self.k_cache, self.v_cache, *inputs, **statics)
+            self._drafted(states)
+            return np.asarray(tokens)[: len(states)]
+        head = draft_weights(self.lm_head, self.narrow_head, rows)
         tokens, logits, confidence, self.k_cache, self.v_cache = jit.draft(
-            params, self.embed, head, self.k_cache, self.v_cache, *inputs, self.token_map, **statics
-        )
+            params, self.embed, head, self.k_cache, self.v_cache, *inputs, self.token_map, **statics)
         self._drafted(states)
         if return_confidence:
             return np.asarray(tokens)[: len(states)], np.asarray(confidence)[: len(states)]
@@ -243,9 +255,8 @@ class DFlashProposer:
             padded[: len(states)] = temperatures
             temperatures = padded
         tokens, candidates, probs, self.k_cache, self.v_cache = jit.draft_path(
-            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map,
-            temperatures, key, **statics,
-        )
+            self.params, self.embed, self.lm_head, self.k_cache, self.v_cache, *inputs, self.token_map, temperatures,
+            key, **statics)
         self._drafted(states)
         n = len(states)
         return DraftPath(np.asarray(tokens)[:n], np.asarray(candidates)[:n], None if probs is None else np.asarray(probs)[:n])
@@ -255,21 +266,16 @@ class DFlashProposer:
         block's first a_i+1 tokens (bonus + accepted drafts); committed length becomes L + a_i + 1."""
         counts = [int(a) for a in np.asarray(accepted_counts).reshape(-1)]
         if not len(seq_ids) == len(counts) == len(aux_features):
-            raise DrafterStateError(
-                f"commit got {len(seq_ids)} ids, {len(counts)} accepted counts, {len(aux_features)} feature arrays"
-            )
+            raise DrafterStateError(f"commit got {len(seq_ids)} ids, {len(counts)} accepted counts, "
+                                    f"{len(aux_features)} feature arrays")
         states = [self._state(s) for s in seq_ids]
         for seq_id, state, count, rows in zip(seq_ids, states, counts, aux_features):
             if not 0 <= count <= self.block_size - 1:
-                raise DrafterStateError(
-                    f"sequence {seq_id!r}: accepted count {count} outside [0, {self.block_size - 1}]"
-                )
+                raise DrafterStateError(f"sequence {seq_id!r}: accepted count {count} outside [0, {self.block_size - 1}]")
             self._check_rows(seq_id, rows, min_rows=count + 1, max_rows=count + 1)
             if state.committed_len + count + 1 > self.max_context_len:
-                raise DrafterStateError(
-                    f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} exceeds "
-                    f"max_context_len={self.max_context_len}"
-                )
+                raise DrafterStateError(f"sequence {seq_id!r}: committed length {state.committed_len + count + 1} "
+                                        f"exceeds max_context_len={self.max_context_len}")
         self._flush([s for s in states if s.num_pending])  # two commits without a propose between
         padded = np.zeros((len(states), self.pending_bucket, self.num_features), np.float32)
         for i, rows in enumerate(aux_features):
@@ -283,23 +289,20 @@ class DFlashProposer:
         A None id is a batch row without drafter state: its rows are dropped."""
         counts = np.asarray(accepted_counts).reshape(-1).astype(np.int64)
         if len(counts) != len(seq_ids) or features.ndim != 3 or features.shape[0] < len(seq_ids):
-            raise DrafterStateError(
-                f"commit_block got {len(seq_ids)} ids, {len(counts)} accepted counts, features {tuple(features.shape)}"
-            )
+            raise DrafterStateError(f"commit_block got {len(seq_ids)} ids, {len(counts)} accepted counts, "
+                                    f"features {tuple(features.shape)}")
         kept = [i for i, s in enumerate(seq_ids) if s is not None]
         seq_ids, counts = [seq_ids[i] for i in kept], counts[kept]
         states = [self._state(s) for s in seq_ids]
         if features.shape[1] > self.pending_bucket or features.shape[2] != self.num_features:
-            raise DrafterStateError(
-                f"features {tuple(features.shape)}: expected [n, <= {self.pending_bucket}, {self.num_features}]"
-            )
+            raise DrafterStateError(f"features {tuple(features.shape)}: expected [n, <= {self.pending_bucket}, "
+                                    f"{self.num_features}]")
         lengths = np.array([s.committed_len for s in states], np.int64) + counts + 1
         for i in np.flatnonzero((counts < 0) | (counts > min(self.block_size, features.shape[1]) - 1)):
             raise DrafterStateError(f"sequence {seq_ids[i]!r}: accepted count {counts[i]} outside the block")
         for i in np.flatnonzero(lengths > self.max_context_len):
-            raise DrafterStateError(
-                f"sequence {seq_ids[i]!r}: committed length {lengths[i]} exceeds max_context_len={self.max_context_len}"
-            )
+            raise DrafterStateError(f"sequence {seq_ids[i]!r}: committed length {lengths[i]} exceeds "
+                                    f"max_context_len={self.max_context_len}")
         counts = counts.tolist()
         # A sequence not drafted since its last commit (an adaptive plain step) still has pending
         # rows: append to them while they fit the bucket, else flush them first (one batched call).
@@ -372,10 +375,9 @@ class DFlashProposer:
     def _check_rows(self, seq_id: Any, rows: Any, *, min_rows: int, max_rows: int | None = None) -> None:
         shape = tuple(rows.shape)
         if len(shape) != 2 or shape[1] != self.num_features:
-            raise DrafterStateError(
-                f"sequence {seq_id!r}: context features have shape {shape}, expected [rows, {self.num_features}] "
-                f"(= {len(self.target_layer_ids)} target layers x hidden {self.config.hidden_size})"
-            )
+            raise DrafterStateError(f"sequence {seq_id!r}: context features have shape {shape}, expected [rows, "
+                                    f"{self.num_features}] (= {len(self.target_layer_ids)} target layers x hidden "
+                                    f"{self.config.hidden_size})")
         if shape[0] < min_rows or (max_rows is not None and shape[0] > max_rows):
             expected = f"{min_rows}" if max_rows == min_rows else f">= {min_rows}"
             raise DrafterStateError(f"sequence {seq_id!r}: got {shape[0]} feature rows, expected {expected}")

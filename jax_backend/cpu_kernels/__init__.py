@@ -11,7 +11,7 @@ streams each weight row from memory once, where XLA:CPU's few-row dots read weig
 of the bandwidth, and gives every row bit-identical sums whatever the number of rows.
 
 `greedy_tokens` is the argmax of `rows_matmul`'s logits of the lm_head without computing most of them
-exactly (bfloat16 AMX tiles bound every logit; the few that may be the largest are computed exactly).
+exactly (int8 AMX tiles bound every logit; the few that may be the largest are computed exactly).
 
 The shared library is compiled from `paged_attention.cc`, `rows_matmul.cc` and `greedy_head.cc` (g++ or $CXX, `-O3 -march=native`,
 against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
@@ -132,7 +132,7 @@ _library: list[ctypes.CDLL] = []  # the loaded kernels, once `available()`
 @functools.cache
 def amx_available() -> bool:
     """Whether the greedy head runs AMX tiles here: the kernels are built with them (an Intel CPU
-    with AMX-BF16) and Linux grants this process the tile state."""
+    with AMX-INT8) and Linux grants this process the tile state."""
     return available() and bool(_library[0].sgl_dflash_greedy_head_amx())
 
 
@@ -210,8 +210,8 @@ def rows_matmul_blocks(x, blocks, layer=None):
 def greedy_tokens(x, w, head, amx: bool = True):
     """int32 [R]: argmax over v of `rows_matmul(x, w)` [R, V] (the same bits, so the same tokens:
     the first maximum, the first NaN in a row with one), for x float32 [R <= 64, K] and the
-    weights w float32 [V, K] with their `greedy_head.GreedyHead` (its bfloat16 tiles). `amx`
-    False, or no AMX here: the approximation runs as plain float code (slow; for tests). Call
+    weights w float32 [V, K] with their `greedy_head.GreedyHead` (its int8 tiles). `amx`
+    False, or no AMX here: the approximation's int32 sums run as plain code (slow; for tests). Call
     `available()` first."""
     call = jax.ffi.ffi_call(GREEDY_TARGET, jax.ShapeDtypeStruct((x.shape[0],), jnp.int32))
-    return call(x, w, head.packed, head.row_max, amx=np.int32(bool(amx)))
+    return call(x, w, head.packed, head.scale, head.row_max, head.row_err, amx=np.int32(bool(amx)))

@@ -3,25 +3,27 @@
 // computing most of them exactly.
 //
 // The lm_head is a fifth of a decode step's products (SmolLM2: 49,152 x 576 against ~106M weights
-// in the layers) and at 32 rows ~9.7 ms of a ~63 ms step on two cores, bound by float32 FMAs. A
-// greedy step needs only each row's argmax. So:
-//   1. approximate logits a_v = bf16(w_v) . bf16(x) on AMX tiles (16x the FMA rate: the head is then
-//      bound by reading its bfloat16 copy), and with them an upper bound b_v on |logit_v - a_v|:
-//      rounding x and w to bfloat16 (unit roundoff u = 2^-8) moves a product by at most
-//      u (2 + u) |w_i| |x_i|, and sum_i |w_i| |x_i| <= max_i |w_i| * ||x||_1, with slack for
-//      float32 accumulation in both (a bound per block of 32 kept ~4x fewer candidates but cost
-//      a second tile product and store per group: more than the candidates' exact logits);
+// in the layers), bound by float32 FMAs past a few rows. A greedy step needs only each row's
+// argmax. So:
+//   1. approximate logits a_v = D_v (s_hi hi . q_v + s_lo lo . q_v) from exact int32 sums on AMX
+//      int8 tiles (32x the float32 FMA rate: the head is then bound by reading its int8 copy, as
+//      many bytes as its GGUF Q8_0 blocks): w_v ~ D_v q_v (q_v int8, D_v = max|w_v| / 127, one scale
+//      per output) and x ~ s_hi hi + s_lo lo (see Rows), with an upper bound b_v on |logit_v - a_v|:
+//      E_v ||x||_1 (E_v = max_i |w_vi - D_v q_vi|, measured when packing) plus max|w_v| times the
+//      parts' error and the float32 roundings of the logit and of a_v;
 //   2. every v whose a_v + b_v reaches the largest a_u - b_u is a candidate; the others are
 //      strictly below that u's exact logit, so the argmax is a candidate;
 //   3. the candidates' logits exactly as `rows_matmul` computes them (the same lanes, order and
 //      fold: the same bits), the largest, the lowest index among equals (jnp.argmax's tie rule).
-// On SmolLM2's rows a median of ~20 candidates remains. A row with a non-finite input, approximation
-// or bound takes every logit exactly (NaN first, as jnp.argmax).
+// On SmolLM2's final hidden rows a median of ~4 candidates remains (bfloat16 tiles of both, the
+// section-51 kernel, kept ~15 from twice the bytes). A row with a non-finite input, approximation or
+// bound takes every logit exactly (NaN first, as jnp.argmax).
 //
-// Inputs: x [R, K] f32, w [V, K] f32 (the exact weights), packed [V/16, K/32, 512] u16 (bf16(w) as
-// AMX B tiles: tile (g, c) row i, column n holds the pair w[16g + n, 32c + 2i + {0, 1}]),
-// row_max [V] f32 (max_i |w[v, i]|). Output tokens [R] s32. Attribute `amx`: 0 computes step 1 with
-// plain float code instead (same values up to accumulation order: for CPUs without AMX and tests).
+// Inputs: x [R, K] f32, w [V, K] f32 (the exact weights), packed [V/16, K/64, 1024] s8 (q as AMX
+// B tiles: tile (g, c) row i, bytes 4n .. 4n + 3 hold q[16g + n, 64c + 4i .. 64c + 4i + 3]),
+// scale, row_max, row_err [V] f32 (D_v, max_i |w_vi|, E_v). Output tokens [R] s32. Attribute `amx`:
+// 0 computes step 1's int32 sums with plain code instead (the same sums: for CPUs without AMX and
+// tests).
 
 #include <algorithm>
 #include <atomic>
@@ -45,21 +47,17 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kGroup = 16;    // outputs per tile column block
-constexpr int kChunk = 32;    // K per tile (16 pairs of bfloat16)
-constexpr int kTile = 512;    // bfloat16 per tile
+constexpr int kChunk = 64;    // K per tile (16 groups of 4 int8)
+constexpr int kTile = 1024;   // int8 per tile
 constexpr int kMaxRows = 64;  // rows per call (four row tiles)
+constexpr int kMaxGroups = 2; // output groups per pass
 
-inline uint16_t bf16_nearest(float f) {  // round to nearest even (finite f)
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
+typedef int32_t i16v __attribute__((vector_size(64), aligned(4)));
 
-inline float bf16_value(uint16_t h) {
-  const uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+inline v16 load_sums(const int32_t* p) {
+  i16v v;
+  std::memcpy(&v, p, sizeof(v));
+  return __builtin_convertvector(v, v16);
 }
 
 // x . w as `rows_matmul` sums it (`accumulate` with one row and one output, then lane_sums).
@@ -83,45 +81,73 @@ float exact_logit(const float* x, const float* w, int64_t k_dim) {
   return sum;
 }
 
-// The rows as AMX A tiles, x̂ [M, K] bf16 (M = R rounded up to 16, zero rows), and each row's bound
-// factor eps * ||x||_1.
+// The rows as two int8 parts, x ~ s_hi * hi + s_lo * lo (hi, lo in [-127, 127]; s_lo = s_hi / 254:
+// ~16 bits per element against the row's largest; one int8 part per row kept every output a
+// candidate: final hidden rows have outlier channels ~30x their mean), laid out as AMX A tiles
+// [M, K] (M = R rounded up to 16, zero rows), and each row's bound factors:
+//   |logit_v - a_v| <= E_v * l1 + M_v * extra, with
+//   l1 = ||x||_1, extra = sum_i |x_i - s_hi hi_i - s_lo lo_i| (the parts' error, exact in double)
+//        + K 2^-24 l1 (the float32 logit's own roundings) + 4 2^-24 sum_i (s_hi |hi_i| + s_lo |lo_i|)
+//        (the approximation's three float roundings), each with a little slack.
 struct Rows {
   int64_t rows, padded, k_dim;
-  std::vector<uint16_t> xh;
-  std::vector<float> scale;
+  std::vector<int8_t> hi, lo;
+  std::vector<float> s_hi, s_lo, l1, extra;
   std::vector<bool> finite;
 
   Rows(const float* x, int64_t r, int64_t k)
-      : rows(r), padded((r + kGroup - 1) / kGroup * kGroup), k_dim(k), xh(padded * k, 0), scale(r, 0), finite(r, true) {
-    // u(2 + u) for the roundings, with slack for 2K float32 roundings (the tile sums, the exact
-    // sums) and the bound's own few.
-    const double eps = (std::ldexp(1.0, -7) + std::ldexp(1.0, -16)) * (1 + 1.0 / 32) + 2.0 * k * std::ldexp(1.0, -24);
+      : rows(r), padded((r + kGroup - 1) / kGroup * kGroup), k_dim(k), hi(padded * k, 0), lo(padded * k, 0),
+        s_hi(r, 0), s_lo(r, 0), l1(r, 0), extra(r, 0), finite(r, true) {
+    const double u = std::ldexp(1.0, -24);
     for (int64_t i = 0; i < r; ++i) {
       const float* xi = x + i * k;
-      double l1 = 0;
-      for (int64_t j = 0; j < k; ++j) finite[i] = finite[i] && std::isfinite(xi[j]), l1 += std::fabs(double(xi[j]));
-      scale[i] = float(l1 * eps * (1 + 1e-6));
-      finite[i] = finite[i] && std::isfinite(scale[i]);
-      if (!finite[i]) continue;
-      for (int64_t j = 0; j < k; ++j) xh[i * k + j] = bf16_nearest(xi[j]);
+      double norm = 0, largest = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        finite[i] = finite[i] && std::isfinite(xi[j]);
+        norm += std::fabs(double(xi[j])), largest = std::max(largest, std::fabs(double(xi[j])));
+      }
+      if (!finite[i] || !std::isfinite(float(norm))) {
+        finite[i] = false;
+        continue;
+      }
+      const float sh = float(largest / 127), sl = sh / 254;
+      double error = 0, parts = 0;
+      for (int64_t j = 0; j < k && sh > 0; ++j) {
+        const double a = std::clamp(std::nearbyint(xi[j] / double(sh)), -127.0, 127.0);
+        const double rest = xi[j] - a * sh;  // exact: a * sh has 31 bits
+        const double b = std::clamp(std::nearbyint(rest / sl), -127.0, 127.0);
+        hi[i * k + j] = int8_t(a), lo[i * k + j] = int8_t(b);
+        error += std::fabs(rest - b * sl), parts += std::fabs(a) * sh + std::fabs(b) * sl;
+      }
+      s_hi[i] = sh, s_lo[i] = sl;
+      l1[i] = float(norm * (1 + 1e-6));
+      extra[i] = float((error + k * u * 1.01 * norm + 4 * u * parts) * (1 + 1e-5));
     }
   }
 };
 
-// Step 1 for one group of 16 outputs without tiles: approx [padded, 16] f32.
-void approx_plain(const Rows& rows, const uint16_t* packed, float* approx) {
+// One group's approximations, [rows, 16] from the int32 sums of both parts: D_v (s_hi c_hi + s_lo c_lo).
+inline v16 approx_of(const Rows& rows, int64_t r, const int32_t* c_hi, const int32_t* c_lo, v16 scale) {
+  const v16 t = load_sums(c_hi) * rows.s_hi[r] + load_sums(c_lo) * rows.s_lo[r];
+  return t * scale;
+}
+
+// Step 1 for one group of 16 outputs without tiles: the exact int32 sums [padded, 16] of each part.
+void sums_plain(const Rows& rows, const int8_t* packed, int32_t* c_hi, int32_t* c_lo) {
   const int64_t chunks = rows.k_dim / kChunk;
   for (int64_t r = 0; r < rows.rows; ++r)
     for (int n = 0; n < kGroup; ++n) {
-      float a = 0;
+      int32_t h = 0, l = 0;
       for (int64_t c = 0; c < chunks; ++c)
-        for (int k = 0; k < kChunk; ++k)
-          a += bf16_value(rows.xh[r * rows.k_dim + c * kChunk + k]) * bf16_value(packed[c * kTile + k / 2 * 32 + n * 2 + k % 2]);
-      approx[r * kGroup + n] = a;
+        for (int k = 0; k < kChunk; ++k) {
+          const int32_t w = packed[c * kTile + k / 4 * 64 + n * 4 + k % 4];
+          h += rows.hi[r * rows.k_dim + c * kChunk + k] * w, l += rows.lo[r * rows.k_dim + c * kChunk + k] * w;
+        }
+      c_hi[r * kGroup + n] = h, c_lo[r * kGroup + n] = l;
     }
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 constexpr bool kHasAmx = true;
 
 struct TileConfig {
@@ -154,82 +180,83 @@ template <int T>
 inline void tile_zero() {
   asm volatile("tilezero %%tmm%c0" ::"i"(T));
 }
-template <int C, int A, int B>  // C += A . B
-inline void tile_dpbf16ps() {
-  asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+template <int C, int A, int B>  // C += A . B, signed int8
+inline void tile_dpbssd() {
+  asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
 }
 
-// One chunk's products on MT x NG accumulator tiles (rows tile m, outputs group g: tile m * NG + g),
-// NG weight tiles after them and the row tiles in what is left. Four accumulators at once: a tile
-// product's latency is ~3x its issue interval, and with one accumulator per row tile the chain of
-// chunks waited on it (one thread, weights in cache: 1.66 ms for the head at 32 rows).
+// One chunk's products on MT x NG x 2 accumulator tiles (rows tile m, outputs group g, part p: tile
+// (m * NG + g) * 2 + p), NG weight tiles after them and the row tiles in what is left. Four
+// accumulators at once: a tile product's latency is ~3x its issue interval, and with one accumulator
+// the chain of chunks waited on it.
 template <int MT, int NG, int I = 0>
-inline void chunk_products(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t b_step) {
-  if constexpr (I < MT * NG) {
-    constexpr int m = I / NG, g = I % NG;
-    constexpr int c_tile = I, b_tile = MT * NG + g, a_tile = MT * NG + NG + m % (8 - MT * NG - NG);
-    if constexpr (m == 0) tile_load<b_tile>(b + g * b_step, 64);
-    if constexpr (g == 0) tile_load<a_tile>(a + m * kGroup * a_stride / 2, a_stride);
-    tile_dpbf16ps<c_tile, a_tile, b_tile>();
-    chunk_products<MT, NG, I + 1>(a, a_stride, b, b_step);
+inline void chunk_products(const int8_t* hi, const int8_t* lo, int64_t a_stride, const int8_t* b, int64_t b_step) {
+  if constexpr (I < MT * NG * 2) {
+    constexpr int m = I / (NG * 2), g = I / 2 % NG, p = I % 2;
+    constexpr int c_tile = I, b_tile = MT * NG * 2 + g;
+    constexpr int a_tile = MT * NG * 2 + NG + (m * 2 + p) % (8 - MT * NG * 2 - NG);
+    if constexpr (m == 0 && p == 0) tile_load<b_tile>(b + g * b_step, 64);
+    if constexpr (g == 0) tile_load<a_tile>((p ? lo : hi) + m * kGroup * a_stride, a_stride);
+    tile_dpbssd<c_tile, a_tile, b_tile>();
+    chunk_products<MT, NG, I + 1>(hi, lo, a_stride, b, b_step);
   }
 }
 
-template <int MT, int NG, int I = 0>
+template <int N, int I = 0>
 inline void zero_tiles() {
-  if constexpr (I < MT * NG) {
+  if constexpr (I < N) {
     tile_zero<I>();
-    zero_tiles<MT, NG, I + 1>();
+    zero_tiles<N, I + 1>();
   }
 }
 
-// Tile (m, g) to out + g * kMaxRows * 16 + m * 256: each group's [rows, 16] block.
+// Tile (m, g, p) to sums + p * kMaxGroups * kMaxRows * 16 + g * kMaxRows * 16 + (m0 + m) * 256: each
+// part's and group's [rows, 16] block.
 template <int MT, int NG, int I = 0>
-inline void store_tiles(float* out) {
-  if constexpr (I < MT * NG) {
-    tile_store<I>(out + (I % NG) * kMaxRows * kGroup + (I / NG) * kGroup * kGroup, 64);
-    store_tiles<MT, NG, I + 1>(out);
+inline void store_tiles(int32_t* sums, int m0) {
+  if constexpr (I < MT * NG * 2) {
+    constexpr int m = I / (NG * 2), g = I / 2 % NG, p = I % 2;
+    tile_store<I>(sums + (p * kMaxGroups + g) * kMaxRows * kGroup + (m0 + m) * kGroup * kGroup, 64);
+    store_tiles<MT, NG, I + 1>(sums, m0);
   }
 }
 
-// Step 1 for NG groups of outputs from `packed` (their first group's tiles).
+// Step 1 for row tiles [m0, m0 + MT) and NG groups of outputs from `packed` (their first group's
+// tiles); `ahead` asks for the next groups' tiles.
 template <int MT, int NG>
-void approx_tiles(const Rows& rows, const uint16_t* packed, float* approx) {
-  const int64_t chunks = rows.k_dim / kChunk, stride = rows.k_dim * 2;
-  zero_tiles<MT, NG>();
+void sum_tiles(const Rows& rows, const int8_t* packed, int m0, bool ahead, int32_t* sums) {
+  const int64_t chunks = rows.k_dim / kChunk, stride = rows.k_dim;
+  const int8_t *hi = rows.hi.data() + m0 * kGroup * stride, *lo = rows.lo.data() + m0 * kGroup * stride;
+  zero_tiles<MT * NG * 2>();
   for (int64_t c = 0; c < chunks; ++c) {
-    for (int g = 0; g < NG; ++g)  // (past the last group a prefetch does nothing)
-      for (int line = 0; line < kTile * 2 / 64; ++line)
-        __builtin_prefetch(packed + ((kAhead * NG + g) * chunks + c) * kTile + line * 32, 0, 2);
-    chunk_products<MT, NG>(rows.xh.data() + c * kChunk, stride, packed + c * kTile, chunks * kTile);
+    if (ahead)
+      for (int g = 0; g < NG; ++g)  // (past the last group a prefetch does nothing)
+        for (int line = 0; line < kTile / 64; ++line)
+          __builtin_prefetch(packed + ((kAhead * NG + g) * chunks + c) * kTile + line * 64, 0, 2);
+    chunk_products<MT, NG>(hi + c * kChunk, lo + c * kChunk, stride, packed + c * kTile, chunks * kTile);
   }
-  store_tiles<MT, NG>(approx);
+  store_tiles<MT, NG>(sums, m0);
 }
 
-// Groups [g0, g1) of step 1, `keep` called with each group's approx block. Per row tiles: 1 -> 3
-// groups at once, 2 -> 2, 3 and 4 -> 1.
-template <int MT, class Keep>
-void approx_groups(const Rows& rows, const uint16_t* packed, int64_t g0, int64_t g1, float* approx, Keep keep) {
-  constexpr int NG = MT == 1 ? 3 : MT == 2 ? 2 : 1;
-  const int64_t chunks = rows.k_dim / kChunk;
-  int64_t g = g0;
-  for (; g + NG <= g1; g += NG) {
-    approx_tiles<MT, NG>(rows, packed + g * chunks * kTile, approx);
-    for (int i = 0; i < NG; ++i) keep(g + i, approx + i * kMaxRows * kGroup);
-  }
-  for (; g < g1; ++g) {
-    approx_tiles<MT, 1>(rows, packed + g * chunks * kTile, approx);
-    keep(g, approx);
-  }
-}
-
+// Groups [g0, g1) of step 1, `keep` called with each group's sums of both parts. One row tile: 2
+// groups at once; more: a group at a time, its row tiles two by two (the group's weight tiles then
+// come from L1).
 template <class Keep>
-void approx_amx(const Rows& rows, const uint16_t* packed, int64_t g0, int64_t g1, float* approx, Keep keep) {
-  switch (rows.padded / kGroup) {
-    case 1: return approx_groups<1>(rows, packed, g0, g1, approx, keep);
-    case 2: return approx_groups<2>(rows, packed, g0, g1, approx, keep);
-    case 3: return approx_groups<3>(rows, packed, g0, g1, approx, keep);
-    default: return approx_groups<4>(rows, packed, g0, g1, approx, keep);
+void sums_amx(const Rows& rows, const int8_t* packed, int64_t g0, int64_t g1, int32_t* sums, Keep keep) {
+  const int64_t chunks = rows.k_dim / kChunk, part = kMaxGroups * kMaxRows * kGroup;
+  const int row_tiles = int(rows.padded / kGroup);
+  int64_t g = g0;
+  if (row_tiles == 1)
+    for (; g + 2 <= g1; g += 2) {
+      sum_tiles<1, 2>(rows, packed + g * chunks * kTile, 0, true, sums);
+      for (int i = 0; i < 2; ++i) keep(g + i, sums + i * kMaxRows * kGroup, sums + part + i * kMaxRows * kGroup);
+    }
+  for (; g < g1; ++g) {
+    const int8_t* group = packed + g * chunks * kTile;
+    int m = 0;
+    for (; m + 2 <= row_tiles; m += 2) sum_tiles<2, 1>(rows, group, m, m == 0, sums);
+    if (m < row_tiles) sum_tiles<1, 1>(rows, group, m, m == 0, sums);
+    keep(g, sums, sums + part);
   }
 }
 #else
@@ -325,17 +352,20 @@ int32_t argmax_all(const float* x, const float* w, int64_t vocab, int64_t k_dim)
 }
 
 ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                      ffi::Buffer<ffi::U16> packed, ffi::Buffer<ffi::F32> row_max,
-                      ffi::ResultBuffer<ffi::S32> tokens, int32_t amx) {
-  auto xd = x.dimensions(), wd = w.dimensions(), pd = packed.dimensions(), md = row_max.dimensions();
+                      ffi::Buffer<ffi::S8> packed, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> row_max,
+                      ffi::Buffer<ffi::F32> row_err, ffi::ResultBuffer<ffi::S32> tokens, int32_t amx) {
+  auto xd = x.dimensions(), wd = w.dimensions(), pd = packed.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || xd[0] > kMaxRows || wd[1] % kChunk || wd[0] % kGroup)
-    return ffi::Error::InvalidArgument("greedy_head: x must be [R <= 64, K] and w [V, K], K % 32 == 0, V % 16 == 0");
+    return ffi::Error::InvalidArgument("greedy_head: x must be [R <= 64, K] and w [V, K], K % 64 == 0, V % 16 == 0");
   const int64_t rows = xd[0], k_dim = xd[1], vocab = wd[0], groups = vocab / kGroup;
-  if (pd.size() != 3 || pd[0] != groups || pd[1] != k_dim / kChunk || pd[2] != kTile || md.size() != 1 || md[0] != vocab)
-    return ffi::Error::InvalidArgument("greedy_head: packed must be [V/16, K/32, 512] and row_max [V]");
+  bool vectors = true;
+  for (const auto* v : {&scale, &row_max, &row_err})
+    vectors = vectors && v->dimensions().size() == 1 && v->dimensions()[0] == vocab;
+  if (pd.size() != 3 || pd[0] != groups || pd[1] != k_dim / kChunk || pd[2] != kTile || !vectors)
+    return ffi::Error::InvalidArgument("greedy_head: packed must be [V/16, K/64, 1024] and scale, row_max, row_err [V]");
   const bool tiles = amx && amx_ready();
-  const float *wp = w.typed_data(), *mp = row_max.typed_data();
-  const uint16_t* pp = packed.typed_data();
+  const float *wp = w.typed_data(), *dp = scale.typed_data(), *mp = row_max.typed_data(), *ep = row_err.typed_data();
+  const int8_t* pp = packed.typed_data();
   const Rows prepared(x.typed_data(), rows, k_dim);
 
   constexpr int64_t kGroupsPerUnit = 64;
@@ -343,25 +373,28 @@ ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   std::vector<std::vector<RowState>> states(units, std::vector<RowState>(rows));
   std::vector<Threshold> thresholds(rows);
   parallel_units(pool, units, [&, tiles](int64_t u) {
-    alignas(64) float approx[3 * kMaxRows * kGroup];
+    alignas(64) int32_t sums[2 * kMaxGroups * kMaxRows * kGroup];
     const int64_t g0 = u * kGroupsPerUnit, g1 = std::min(groups, g0 + kGroupsPerUnit);
-    auto keep = [&](int64_t g, const float* a) {
-      const v16 row_max = load(mp + g * kGroup);
-      for (int64_t r = 0; r < rows; ++r)  // slack: tiles flush denormals to zero
-        keep_candidates(states[u][r], thresholds[r], load(a + r * kGroup), row_max * prepared.scale[r] + 1e-28f,
-                        g * kGroup);
+    auto keep = [&](int64_t g, const int32_t* c_hi, const int32_t* c_lo) {
+      const v16 d = load(dp + g * kGroup), m = load(mp + g * kGroup), e = load(ep + g * kGroup);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!prepared.finite[r]) continue;  // every logit exactly
+        const v16 a = approx_of(prepared, r, c_hi + r * kGroup, c_lo + r * kGroup, d);
+        const v16 b = e * prepared.l1[r] + m * prepared.extra[r] + 1e-28f;  // slack: denormals flushed
+        keep_candidates(states[u][r], thresholds[r], a, b, g * kGroup);
+      }
     };
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
     if (tiles) {
       configure_tiles();
-      approx_amx(prepared, pp, g0, g1, approx, keep);
+      sums_amx(prepared, pp, g0, g1, sums, keep);
       _tile_release();
       return;
     }
 #endif
     for (int64_t g = g0; g < g1; ++g) {
-      approx_plain(prepared, pp + g * k_dim / kChunk * kTile, approx);
-      keep(g, approx);
+      sums_plain(prepared, pp + g * k_dim / kChunk * kTile, sums, sums + kMaxRows * kGroup);
+      keep(g, sums, sums + kMaxRows * kGroup);
     }
   });
 
@@ -403,7 +436,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_greedy_head, GreedyHead,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U16>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int32_t>("amx"));

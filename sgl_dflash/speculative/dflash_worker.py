@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backend import SeqInput, cpu_kernels, sampling
+from jax_backend import SeqInput, cpu_kernels, greedy_head, sampling
 from jax_backend.batch import bucket
 from sgl_dflash.errors import ServerArgsError
 from sgl_dflash.model_config import read_model_config, target_dims
@@ -166,6 +166,7 @@ class DFlashWorker:
             few_row_matmul=cpu_kernels.rows_matmul if self.runner.cpu_matmul else None,  # the target's CPU kernel
             kernel_lm_head=self.runner.params.get("blocks", {}).get("lm_head"),  # its GGUF blocks, if any
             cpu_attention=cpu_kernels.dense_attention if self.runner.cpu_attention else None,  # the target's setting
+            greedy_head=greedy_head.for_drafter(self.runner.params),  # greedy drafts from the target's, if it has one
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

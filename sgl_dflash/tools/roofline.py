@@ -59,7 +59,7 @@ def roofline(config, params_bytes: int, batch: int, k: int, context: int, machin
 
 def target_bytes(runner: TargetRunner) -> int:
     """Bytes of the target's float32 weights (a tied lm_head is one array, counted twice in the
-    tree; GGUF blocks and the greedy head's bfloat16 tiles kept beside them are not counted)."""
+    tree; GGUF blocks and the greedy head's int8 tiles kept beside them are not counted)."""
     params = {name: value for name, value in runner.params.items() if name not in ("blocks", "greedy_head")}
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
     return nbytes - (params["lm_head"].nbytes if runner.config.tie_word_embeddings else 0)
@@ -68,8 +68,8 @@ def target_bytes(runner: TargetRunner) -> int:
 def weight_bytes_read(runner: TargetRunner, rows: int) -> int:
     """Bytes of weights a (greedy) step of `rows` rows reads: `target_bytes`, except that the
     kernel's few-row products read the GGUF blocks of the weights that have them
-    (`model.BLOCKS_MAX_ROWS`), and the greedy head's steps (`greedy_head.MIN_ROWS`-64 rows) its
-    bfloat16 tiles in place of the lm_head."""
+    (`model.BLOCKS_MAX_ROWS`), and the greedy head's steps (up to 64 rows) its int8 tiles in place
+    of the lm_head."""
     nbytes = lambda tree: sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))  # noqa: E731
     total, blocks = target_bytes(runner), runner.params.get("blocks", {})
     with_blocks = runner.cpu_matmul and blocks and rows <= BLOCKS_MAX_ROWS
@@ -79,6 +79,6 @@ def weight_bytes_read(runner: TargetRunner, rows: int) -> int:
         total += nbytes(blocks) - sum(nbytes(runner.params["lm_head"] if name == "lm_head" else layers[f"{name}_t"])
                                       for name in parts)
     head = runner.params.get("greedy_head")
-    if head is not None and greedy_head.MIN_ROWS <= rows <= CPU_MATMUL_MAX_ROWS:
+    if head is not None and rows <= CPU_MATMUL_MAX_ROWS:
         total += nbytes(head) - nbytes(blocks["lm_head"] if with_blocks and "lm_head" in blocks else runner.params["lm_head"])
     return total

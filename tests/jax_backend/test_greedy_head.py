@@ -1,7 +1,7 @@
 """The greedy head (`cpu_kernels.greedy_tokens`, `jax_backend.greedy_head`): each row's token is the
 argmax of `rows_matmul`'s float32 logits (the first maximum; the first NaN in a row with one) with
 or without AMX tiles, on random, tied, nearly tied and non-finite rows and on SmolLM2's own head;
-its tiles hold the weights' bfloat16 values; a runner's greedy decode and verify steps of 16+ rows
+its tiles hold the weights' int8 codes within the recorded error; a runner's greedy decode and verify steps of 16+ rows
 take their tokens from it with the same results as the logits."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -42,14 +41,25 @@ def _check(x, w, amx_too: bool = True) -> np.ndarray:
     return want
 
 
-@pytest.mark.parametrize("rows,vocab,k", [(1, 256, 64), (3, 512, 96), (16, 1024, 576), (17, 4096, 128),
-                                          (33, 2048, 64), (64, 1024, 160)])
+@pytest.mark.parametrize("rows,vocab,k", [(1, 256, 64), (3, 512, 192), (16, 1024, 576), (17, 4096, 128),
+                                          (33, 2048, 64), (64, 1024, 320)])
 def test_tokens_are_the_argmax_of_the_float32_logits(rows, vocab, k):
     rng = np.random.default_rng(rows)
     w = rng.normal(0, 0.05, (vocab, k)).astype(np.float32)
     x = rng.normal(0, 1, (rows, k)).astype(np.float32)
     x[:, 3] *= 25  # an outlier channel, as final hidden states have
     x[0] *= 1e-30  # logits near zero: every output a candidate
+    _check(x, w)
+
+
+def test_rows_with_a_huge_outlier_and_outputs_of_mixed_scales():
+    """One channel 1000x the others (the int8 parts of x must still resolve the rest) and outputs
+    whose weights span 1e-3 to 10 (one scale per output)."""
+    rng = np.random.default_rng(9)
+    w = rng.normal(0, 1, (2048, 128)).astype(np.float32) * np.logspace(-3, 1, 2048)[:, None].astype(np.float32)
+    x = rng.normal(0, 1, (24, 128)).astype(np.float32)
+    x[:, 5] *= 1000
+    x[:12, 5] = 0  # half the rows without it
     _check(x, w)
 
 
@@ -62,12 +72,13 @@ def test_ties_take_the_lowest_index_and_near_ties_the_exact_logit():
     # Copies of each row's top weights later in the vocabulary: equal logits, the first wins.
     w[vocab - 16 :] = w[top[:16]]
     assert (_check(x, w) == _reference(x, w)).all()
-    # Rows of bfloat16-equal weights whose exact logits differ in the last bits: only the exact
-    # logits tell them apart.
+    # Rows of weights with the same int8 codes whose exact logits differ in the last bits: only the
+    # exact logits tell them apart.
     w2 = w.copy()
     for i, t in enumerate(top[:16]):
         w2[vocab - 16 + i] = np.nextafter(w[t], np.inf * np.sign(x[i])).astype(np.float32)
-    assert (w2.astype(ml_dtypes.bfloat16) == w.astype(ml_dtypes.bfloat16)).mean() > 0.99
+    codes, codes2 = (np.asarray(greedy_head.pack(jnp.asarray(a)).packed) for a in (w, w2))
+    assert (codes == codes2).mean() > 0.99
     want = _check(x, w2)
     assert (want[:16] == np.arange(vocab - 16, vocab)).sum() >= 8  # the nudged copies win
     _check(np.zeros((4, k), np.float32), w)  # all logits 0: token 0
@@ -85,20 +96,25 @@ def test_non_finite_rows_take_the_first_nan_or_the_largest_logit():
     assert got[0] == 0  # every logit NaN
 
 
-def test_the_tiles_hold_the_weights_bfloat16_values():
+def test_the_tiles_hold_the_weights_int8_codes_within_the_recorded_error():
     rng = np.random.default_rng(3)
-    w = rng.normal(0, 1, (48, 96)).astype(np.float32)
+    w = rng.normal(0, 1, (48, 192)).astype(np.float32)
+    w[5] = 0  # an all-zero output: scale 0, codes 0
     head = greedy_head.pack(jnp.asarray(w))
-    bits = w.astype(ml_dtypes.bfloat16).view(np.uint16)
-    packed = np.asarray(head.packed)
-    assert packed.shape == (3, 3, 512) and packed.dtype == np.uint16
-    for g, c, i, n, j in [(0, 0, 0, 0, 0), (2, 1, 7, 13, 1), (1, 2, 15, 15, 1), (2, 2, 3, 0, 0)]:
-        assert packed[g, c, i * 32 + n * 2 + j] == bits[16 * g + n, 32 * c + 2 * i + j]
+    packed, scale = np.asarray(head.packed), np.asarray(head.scale)
+    assert packed.shape == (3, 3, 1024) and packed.dtype == np.int8
     np.testing.assert_array_equal(np.asarray(head.row_max), np.abs(w).max(1))
+    np.testing.assert_allclose(scale, np.abs(w).max(1) / np.float32(127), rtol=3e-7)  # XLA: x * (1/127)
+    codes = packed.reshape(3, 3, 16, 16, 4).transpose(0, 3, 1, 2, 4).reshape(48, 192)  # [g, n, c, i, t]
+    for g, c, i, n, t in [(0, 0, 0, 0, 0), (2, 1, 7, 13, 1), (1, 2, 15, 15, 3), (2, 2, 3, 0, 2)]:
+        assert packed[g, c, i * 64 + n * 4 + t] == codes[16 * g + n, 64 * c + 4 * i + t]
+    assert np.abs(codes.astype(np.int32)).max() == 127 and not codes[5].any()
+    error = np.abs(w.astype(np.float64) - scale[:, None].astype(np.float64) * codes).max(1)
+    assert (error <= np.asarray(head.row_err)).all() and (np.asarray(head.row_err) <= scale * 0.51).all()
 
 
 def test_bad_shapes_are_errors():
-    with pytest.raises(ValueError, match="lm_head of shape .V % 16 == 0, K % 32 == 0., got float32 .100, 64."):
+    with pytest.raises(ValueError, match="lm_head of shape .V % 16 == 0, K % 64 == 0., got float32 .100, 64."):
         greedy_head.attach({"lm_head": jnp.zeros((100, 64))}, True, cpu_matmul=True)
     w = jnp.zeros((256, 64))
     with pytest.raises(Exception, match="R <= 64"):
@@ -130,7 +146,7 @@ def checkpoint(tmp_path_factory):
 def test_runner_greedy_steps_take_the_same_tokens_from_the_head(checkpoint):
     """A runner with the head (True: here without AMX too) against one without: a decode step of 16
     sequences and a verify of 4 blocks of 4 (16 logit rows) give the same tokens, accept counts and
-    bonus tokens; the 16-row programs call the kernel, a 4-row decode does not."""
+    bonus tokens; the head's programs call the kernel at 16 rows and at 4, the other runner's never."""
     make = functools.partial(TargetRunner, checkpoint, page_size=8, max_total_tokens=2048, max_num_seqs=16,
                              aux_layer_ids=(1,))
     runners = [make(greedy_head=True), make(greedy_head=False)]
@@ -156,7 +172,8 @@ def test_runner_greedy_steps_take_the_same_tokens_from_the_head(checkpoint):
         return sample.lower(runner._step_params, runner.kv_pool, batch, *greedy, None).as_text()
 
     assert cpu_kernels.GREEDY_TARGET in lowered(runners[0], 16)
-    assert cpu_kernels.GREEDY_TARGET not in lowered(runners[0], 4)
+    assert cpu_kernels.GREEDY_TARGET in lowered(runners[0], 4)
+    assert cpu_kernels.GREEDY_TARGET not in lowered(runners[1], 4)
     assert cpu_kernels.GREEDY_TARGET not in lowered(runners[1], 16)
 
 

@@ -85,10 +85,11 @@ def test_a_step_that_reads_gguf_blocks_is_measured_against_their_bytes(tmp_path)
     few = bench_roofline.weight_bytes_read(runner, BLOCKS_MAX_ROWS)
     assert few < full / 3 and few > blocks  # the norms stay float32
     assert bench_roofline.weight_bytes_read(runner, BLOCKS_MAX_ROWS + 1) == full
-    # The greedy head's steps read its bfloat16 tiles in place of the head's blocks; its copy is not
-    # part of the float32 weights.
+    # The greedy head's steps read its int8 tiles in place of the head's blocks (or float32 head past
+    # the blocks' rows); its copy is not part of the float32 weights.
     headed = TargetRunner(model, max_total_tokens=256, max_num_seqs=2, greedy_head=True)
     head, head_blocks = nbytes(headed.params["greedy_head"]), nbytes(headed.params["blocks"]["lm_head"])
     assert bench_roofline.target_bytes(headed) == full
     assert bench_roofline.weight_bytes_read(headed, 16) == bench_roofline.weight_bytes_read(runner, 16) - head_blocks + head
-    assert bench_roofline.weight_bytes_read(headed, 8) == bench_roofline.weight_bytes_read(runner, 8)
+    assert bench_roofline.weight_bytes_read(headed, 1) == bench_roofline.weight_bytes_read(runner, 1) - head_blocks + head
+    assert bench_roofline.weight_bytes_read(headed, 65) == full

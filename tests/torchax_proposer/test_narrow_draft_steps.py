@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from jax_backend import cpu_kernels
+from jax_backend import cpu_kernels, greedy_head
 from jax_backend.blocks import BlockWeights, dequantize
 from tests.jax_backend.test_gguf_blocks import random_blocks
 from tests.tiny_checkpoints import make_tiny_target
@@ -124,3 +124,45 @@ def test_the_targets_gguf_head_gives_the_same_drafts(bf16_draft, token_map):
         np.testing.assert_array_equal(out["blocks"][0], out["float32"][0])
         np.testing.assert_array_equal(out["blocks"][1], out["float32"][1])
         assert ("BlockWeights" in heads) == kernel_head
+
+
+def test_the_greedy_head_gives_the_same_greedy_drafts(bf16_draft):
+    """`greedy_head`: a propose that reads no logits takes its drafts from the target's greedy head
+    kernel (`jax_backend.greedy_head.for_drafter`): the same drafts as the logits' argmax over
+    several steps, at 7 and 28 head rows; logits, confidence and a token map keep the logits path."""
+    assert cpu_kernels.available()
+    rng = np.random.default_rng(2)
+    head_blocks = random_blocks(rng, (256, 64), "Q8_0")
+    lm_head = dequantize(head_blocks)
+    embed = (0.1 * rng.standard_normal((256, 64))).astype(np.float32)
+    calls = []
+
+    def greedy(x, arrays):
+        calls.append(x.shape[0])
+        return greedy_head.drafter_tokens(x, arrays)
+
+    head = (jnp.asarray(lm_head), greedy_head.pack(jnp.asarray(lm_head)))
+    make = lambda g, token_map=None: DFlashProposer(  # noqa: E731
+        bf16_draft, target_embed=embed, target_lm_head=lm_head, target_config=TARGET, max_num_seqs=4,
+        max_context_len=128, token_map=token_map, few_row_matmul=cpu_kernels.rows_matmul, kernel_lm_head=head_blocks,
+        greedy_head=g)
+    proposers = {"greedy": make((greedy, head)), "logits": make(None)}
+    assert make((greedy, head), list(range(0, 256, 2)))._greedy is None  # drafts over a map: logits
+    prompt = rng.standard_normal((30, 128)).astype(np.float32)
+    for seq in range(4):
+        for p in proposers.values():
+            p.add(seq, jax.device_put(prompt[: 10 + seq]))
+    for seqs in ([0], [0, 1, 2, 3], [2]):
+        for step in range(2):
+            bonus = rng.integers(0, 256, len(seqs))
+            out = {name: p.propose(seqs, bonus) for name, p in proposers.items()}
+            np.testing.assert_array_equal(out["greedy"], out["logits"], err_msg=f"{seqs} {step}")
+            accepted = rng.integers(0, 8, len(seqs))
+            rows = [jax.device_put(rng.standard_normal((int(a) + 1, 128)).astype(np.float32)) for a in accepted]
+            for p in proposers.values():
+                p.commit(seqs, accepted, rows)
+    assert sorted(set(calls)) == [7, 28]  # traced once per head shape
+    calls.clear()
+    bonus = rng.integers(0, 256, 1)
+    tokens, confidence = proposers["greedy"].propose([0], bonus, return_confidence=True)
+    assert not calls and confidence.shape == (1, 7)
