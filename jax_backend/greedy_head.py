@@ -88,10 +88,13 @@ def drafter_tokens(x: jax.Array, arrays: tuple[jax.Array, GreedyHead]) -> jax.Ar
     return cpu_kernels.greedy_tokens(x, *arrays)
 
 
-def for_drafter(params: dict) -> tuple | None:
+def for_drafter(params: dict, token_map=None) -> tuple | None:
     """`DFlashProposer(greedy_head=)` for a drafter sharing a runner's lm_head: (drafter_tokens,
-    (lm_head, its greedy head)) where the runner holds one (`attach`), else None. The drafter's
-    greedy logits are the matmul kernel's products of that lm_head (the blocks' bits are its
-    float32 values'), so the tokens are theirs."""
-    head = params.get("greedy_head")
-    return None if head is None else (drafter_tokens, (params["lm_head"], head))
+    (lm_head, its greedy head)), over the rows of `token_map` where the drafter has one, where the
+    runner holds a greedy head (`attach`), else None. The drafter's greedy logits are the matmul
+    kernel's products of those rows (the blocks' bits are their float32 values'), so the tokens are
+    theirs."""
+    if params.get("greedy_head") is None:
+        return None
+    w = params["lm_head"] if token_map is None else params["lm_head"][jnp.asarray(token_map, jnp.int32)]
+    return (drafter_tokens, (w, params["greedy_head"] if token_map is None else pack(w))) if fits(w.shape) else None

@@ -183,20 +183,22 @@ def draft_block(
 def draft_greedy(
     model: DFlashDraftModel, block_size: int, greedy: Callable, params: Params, embed: jax.Array, head: Any,
     k_cache: Cache, v_cache: Cache, pending: jax.Array, new_lens: jax.Array, cache_lens: jax.Array,
-    slots: jax.Array, bonus_tokens: jax.Array, *, read_len: int, pending_rows: int | None = None,
+    slots: jax.Array, bonus_tokens: jax.Array, token_map: jax.Array | None = None, *, read_len: int,
+    pending_rows: int | None = None,
 ) -> tuple[jax.Array, Cache, Cache]:
     """`draft_block`'s draft tokens alone, for a caller that reads neither logits nor confidence:
     greedy(x [R, H] float32, head) -> int32 [R] gives each row's argmax of its float32 logits
     through the head without computing most of them (the target's greedy head kernel,
-    `DFlashProposer(greedy_head=)`). The same tokens as draft_block's where its logits are the
-    kernel's products with no multiplier or softcap (the proposer checks)."""
+    `DFlashProposer(greedy_head=)`; with `token_map`, `head` holds those rows and drafts map back).
+    The same tokens as draft_block's where its logits are the kernel's products with no multiplier
+    or softcap (the proposer checks)."""
     hidden, k_cache, v_cache = draft_hidden(
         model, block_size, params, embed, k_cache, v_cache, pending, new_lens, cache_lens, slots, bonus_tokens,
         read_len=read_len, pending_rows=pending_rows,
     )
     rows = hidden[:, 1:]
     tokens = greedy(rows.reshape(-1, rows.shape[-1]).astype(jnp.float32), head).reshape(rows.shape[:2])
-    return tokens, k_cache, v_cache
+    return (tokens if token_map is None else token_map[tokens]), k_cache, v_cache
 
 
 def kernel_logits(config, hidden: jax.Array, head) -> jax.Array:

@@ -49,8 +49,8 @@ class DFlashProposer:
 
     `target_embed` / `target_lm_head`: the target's [V, H] arrays (not in drafter checkpoints).
     `block_size`: defaults to the checkpoint's; a smaller one serves e.g. a b16 drafter at B=8.
-    `greedy_head`: (greedy, head), the target's greedy head kernel and arrays (`draft_greedy`): a propose
-    reading no logits takes its tokens from it (kernel rows, float32, no token map, multiplier or softcap).
+    `greedy_head`: (greedy, head), the target's greedy head kernel and arrays over the drafter's lm_head rows
+    (`draft_greedy`): a propose reading no logits takes its tokens from it (kernel rows, float32, plain logits).
     """
 
     # Prompts are appended in chunks of power-of-two rows from min_prefill_rows to prefill_chunk.
@@ -105,16 +105,17 @@ class DFlashProposer:
         replicated = replicated_over(target_embed)
         if replicated is not None:
             self.params, self.k_cache, self.v_cache, self.pending, self.token_map = jax.device_put(
-                (self.params, self.k_cache, self.v_cache, self.pending, self.token_map), replicated
-            )
+                (self.params, self.k_cache, self.v_cache, self.pending, self.token_map), replicated)
             if self.token_map is not None:  # the mapped lm_head is a new, small array
                 self.lm_head = jax.device_put(self.lm_head, replicated)
         narrow = few_row_matmul is not None and self.dtype == jnp.float32  # kernel: fewer bytes (`draft_weights`)
         self.narrow_params = bfloat16_linear_weights(self.model, self.params) if narrow else self.params
         mapped = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
         self.narrow_head = jax.tree.map(mapped, kernel_lm_head) if narrow and kernel_lm_head is not None else self.lm_head
-        plain = self.token_map is None and self.config.output_multiplier == 1 and not self.config.final_logit_softcapping
+        plain = self.config.output_multiplier == 1 and not self.config.final_logit_softcapping
         self._greedy = greedy_head if narrow and plain else None
+        if self._greedy is not None and jax.tree.leaves(greedy_head[1])[0].shape != self.lm_head.shape:
+            raise ValueError(f"greedy_head's arrays must hold the drafter's lm_head rows {self.lm_head.shape}")
         self._jit = self._jitted(self.block_size)
         self._blocks_used = {self.block_size}  # draft blocks asked for (their programs count too)
         self._seqs: dict[Any, _SeqState] = {}
@@ -206,7 +207,7 @@ class DFlashProposer:
         rows = len(inputs[-1]) * (block - 1)
         if self._greedy is not None and not (return_logits or return_confidence) and rows <= FEW_ROWS:
             tokens, self.k_cache, self.v_cache = jit.draft_greedy(
-                params, self.embed, self._greedy[1], self.k_cache, self.v_cache, *inputs, **statics)
+                params, self.embed, self._greedy[1], self.k_cache, self.v_cache, *inputs, self.token_map, **statics)
             self._drafted(states)
             return np.asarray(tokens)[: len(states)]
         head = draft_weights(self.lm_head, self.narrow_head, rows)
@@ -346,11 +347,8 @@ class DFlashProposer:
         cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
         statics = dict(read_len=self.read_len(seq_ids), pending_rows=self.draft_pending_rows)
-        inputs = (
-            self.pending,
-            new_lens, cache_lens, slots,  # host arrays: the jitted call's dispatch copies them, far cheaper than device_put
-            np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)]),
-        )
+        # new_lens, cache_lens, slots as host arrays: the jitted call's dispatch copies them, far cheaper than device_put
+        inputs = (self.pending, new_lens, cache_lens, slots, np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)]))
         return states, inputs, statics
 
     def read_len(self, seq_ids: Sequence[Any]) -> int:

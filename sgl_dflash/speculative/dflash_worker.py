@@ -153,6 +153,7 @@ class DFlashWorker:
         self.runner = self.target_worker.runner
         self.allocator = self.target_worker.allocator
         self.vocab_size = self.target_worker.vocab_size
+        token_map = None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size)
         self.proposer = DFlashProposer(
             server_args.speculative_draft_model_path,
             target_embed=self.runner.embed,
@@ -162,11 +163,11 @@ class DFlashWorker:
             max_context_len=server_args.context_length + self.block_size,
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
-            token_map=None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size),
+            token_map=token_map,
             few_row_matmul=cpu_kernels.rows_matmul if self.runner.cpu_matmul else None,  # the target's CPU kernel
             kernel_lm_head=self.runner.params.get("blocks", {}).get("lm_head"),  # its GGUF blocks, if any
             cpu_attention=cpu_kernels.dense_attention if self.runner.cpu_attention else None,  # the target's setting
-            greedy_head=greedy_head.for_drafter(self.runner.params),  # greedy drafts from the target's, if it has one
+            greedy_head=greedy_head.for_drafter(self.runner.params, token_map),  # greedy drafts: the target's, if it has one
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

@@ -66,6 +66,8 @@ def watch_steps(engine, monkeypatch):
 def test_greedy_dflash_is_lossless(block_size, dflash_engine, spec_prompts, none_outputs, monkeypatch):
     params, expected, reasons = none_outputs
     engine = dflash_engine(block_size)
+    worker = engine.scheduler.worker  # greedy drafts from the target's greedy head where it has one (AMX hosts)
+    assert (worker.proposer._greedy is not None) == ("greedy_head" in worker.runner.params)
     log = watch_steps(engine, monkeypatch)
     outs = engine.generate(input_ids=spec_prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == expected

@@ -126,10 +126,12 @@ def test_the_targets_gguf_head_gives_the_same_drafts(bf16_draft, token_map):
         assert ("BlockWeights" in heads) == kernel_head
 
 
-def test_the_greedy_head_gives_the_same_greedy_drafts(bf16_draft):
+@pytest.mark.parametrize("token_map", [None, list(range(0, 256, 2))])
+def test_the_greedy_head_gives_the_same_greedy_drafts(bf16_draft, token_map):
     """`greedy_head`: a propose that reads no logits takes its drafts from the target's greedy head
-    kernel (`jax_backend.greedy_head.for_drafter`): the same drafts as the logits' argmax over
-    several steps, at 7 and 28 head rows; logits, confidence and a token map keep the logits path."""
+    kernel (`jax_backend.greedy_head.for_drafter`, over the token map's rows where there is one): the
+    same drafts as the logits' argmax over several steps, at 7 and 28 head rows; logits and
+    confidence keep the logits path; arrays of other rows than the drafter's head are an error."""
     assert cpu_kernels.available()
     rng = np.random.default_rng(2)
     head_blocks = random_blocks(rng, (256, 64), "Q8_0")
@@ -141,13 +143,17 @@ def test_the_greedy_head_gives_the_same_greedy_drafts(bf16_draft):
         calls.append(x.shape[0])
         return greedy_head.drafter_tokens(x, arrays)
 
-    head = (jnp.asarray(lm_head), greedy_head.pack(jnp.asarray(lm_head)))
-    make = lambda g, token_map=None: DFlashProposer(  # noqa: E731
+    params = {"lm_head": jnp.asarray(lm_head), "greedy_head": greedy_head.pack(jnp.asarray(lm_head))}
+    _, arrays = greedy_head.for_drafter(params, token_map)
+    assert arrays[0].shape == (256 if token_map is None else 128, 64)
+    make = lambda g: DFlashProposer(  # noqa: E731
         bf16_draft, target_embed=embed, target_lm_head=lm_head, target_config=TARGET, max_num_seqs=4,
         max_context_len=128, token_map=token_map, few_row_matmul=cpu_kernels.rows_matmul, kernel_lm_head=head_blocks,
         greedy_head=g)
-    proposers = {"greedy": make((greedy, head)), "logits": make(None)}
-    assert make((greedy, head), list(range(0, 256, 2)))._greedy is None  # drafts over a map: logits
+    proposers = {"greedy": make((greedy, arrays)), "logits": make(None)}
+    if token_map is not None:
+        with pytest.raises(ValueError, match="greedy_head's arrays must hold the drafter's lm_head rows"):
+            make((greedy, greedy_head.for_drafter(params)[1]))
     prompt = rng.standard_normal((30, 128)).astype(np.float32)
     for seq in range(4):
         for p in proposers.values():
@@ -157,6 +163,8 @@ def test_the_greedy_head_gives_the_same_greedy_drafts(bf16_draft):
             bonus = rng.integers(0, 256, len(seqs))
             out = {name: p.propose(seqs, bonus) for name, p in proposers.items()}
             np.testing.assert_array_equal(out["greedy"], out["logits"], err_msg=f"{seqs} {step}")
+            if token_map is not None:
+                assert np.isin(out["greedy"], token_map).all()
             accepted = rng.integers(0, 8, len(seqs))
             rows = [jax.device_put(rng.standard_normal((int(a) + 1, 128)).astype(np.float32)) for a in accepted]
             for p in proposers.values():
