@@ -33,6 +33,30 @@ class BlockWeights(NamedTuple):
     offset: object = None
 
 
+class TiledQ4(NamedTuple):
+    """Q4_1 `BlockWeights` [.., N, K] (N % 16 == 0) in the AMX products' tile order (`tile_q4`; only
+    `cpu_kernels.rows_matmul_blocks` on AMX reads it): per 16 outputs and block b, 256 bytes of 16
+    pair-rows i x 16 outputs n, byte = q[n, 32b + 2i] | q[n, 32b + 2i + 1] << 4; scale and offset
+    per 16 outputs and block as 16 floats. The same shapes and bytes as the blocks, reordered."""
+
+    codes: object
+    scale: object
+    offset: object
+
+
+def tile_q4(blocks: BlockWeights) -> TiledQ4:
+    """`TiledQ4` of Q4_1 blocks whose N is a multiple of 16."""
+    codes, scale, offset = (np.asarray(a) for a in blocks)
+    *lead, n, half = codes.shape
+    g, nb = n // 16, half // 16
+    c = codes.reshape(*lead, n, nb, 16)
+    q = np.concatenate([c & 15, c >> 4], axis=-1).reshape(*lead, g, 16, nb, 16, 2)  # [.., G, n, b, i, pair]
+    q = np.moveaxis(q, -4, -2)  # [.., G, b, i, n, pair]
+    tiled = (q[..., 0] | (q[..., 1] << 4)).astype(np.uint8).reshape(*lead, n, half)
+    order = lambda a: np.ascontiguousarray(np.swapaxes(a.reshape(*lead, g, 16, nb), -1, -2)).reshape(*lead, n, nb)  # noqa: E731
+    return TiledQ4(tiled, order(scale), order(offset))
+
+
 def dequantize(blocks: BlockWeights) -> np.ndarray:
     """The float32 weights [.., N, K] the blocks hold (the arithmetic of gguf's dequantization)."""
     codes = np.asarray(blocks.codes)

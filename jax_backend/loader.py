@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from jax_backend.blocks import BlockWeights, load_blocks
+from jax_backend.blocks import BlockWeights, TiledQ4, load_blocks, tile_q4
 from jax_backend.config import CheckpointError, TargetConfig
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -138,8 +138,19 @@ def load_target(
         found = load_blocks(model_dir, {head_name: head})
         if found:
             block_stacks["lm_head"] = BlockWeights(*(None if a is None else jnp.asarray(a) for a in found[head_name]))
-        params["blocks"] = fuse_block_stacks(block_stacks)
+        params["blocks"] = amx_tiled(fuse_block_stacks(block_stacks))
     return config, params
+
+
+def amx_tiled(stacks: dict[str, BlockWeights]) -> dict:
+    """Where this process runs Q4_1 products on AMX tiles (`cpu_kernels.amx_products`), its Q4_1
+    stacks of N % 16 == 0 in their tile order (`blocks.TiledQ4`)."""
+    from jax_backend import cpu_kernels
+
+    if not (cpu_kernels.available() and cpu_kernels.amx_products()):
+        return stacks
+    tiled = lambda b: TiledQ4(*(jnp.asarray(a) for a in tile_q4(b)))  # noqa: E731
+    return {name: tiled(b) if b.offset is not None and b.codes.shape[-2] % 16 == 0 else b for name, b in stacks.items()}
 
 
 def _stack_blocks(per_layer: list[BlockWeights]) -> BlockWeights:

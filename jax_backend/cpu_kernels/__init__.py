@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from jax_backend.blocks import BlockWeights
+from jax_backend.blocks import BlockWeights, TiledQ4
 
 logger = logging.getLogger(__name__)
 
@@ -129,11 +129,25 @@ def available() -> bool:
 _library: list[ctypes.CDLL] = []  # the loaded kernels, once `available()`
 
 
+ENV_AMX = "SGL_DFLASH_AMX"  # 0: no AMX tiles (the FMA kernels, as CPUs without AMX compute)
+
+
+def _amx_allowed() -> bool:
+    return os.environ.get(ENV_AMX, "1") != "0"
+
+
 @functools.cache
 def amx_available() -> bool:
     """Whether the greedy head runs AMX tiles here: the kernels are built with them (an Intel CPU
-    with AMX-INT8) and Linux grants this process the tile state."""
-    return available() and bool(_library[0].sgl_dflash_greedy_head_amx())
+    with AMX-INT8), Linux grants this process the tile state, and SGL_DFLASH_AMX is not 0."""
+    return available() and _amx_allowed() and bool(_library[0].sgl_dflash_greedy_head_amx())
+
+
+@functools.cache
+def amx_products() -> bool:
+    """Whether Q4_1 products can run on AMX tiles here (`blocks.TiledQ4`: float32-accurate, not the
+    FMA kernel's bits): built with AMX-BF16, granted, SGL_DFLASH_AMX not 0."""
+    return available() and _amx_allowed() and bool(_library[0].sgl_dflash_amx_products())
 
 
 def paged_prefix_attention(q, kv_pages, page_indices, limit, num_seqs, *, sm_scale: float, mask_value: float):
@@ -181,8 +195,8 @@ def rows_matmul(x, w, layer=None):
     stack w [L, N, K] and a traced layer index (the stack is read in place: no slice is copied).
     x float32; w float32, or bfloat16 read as such and computed as its exact float32 values (the
     bits of w.astype(float32) from half the bytes; K % 32 == 0), or GGUF blocks
-    (`rows_matmul_blocks`: the bits of their float32 weights). Call `available()` first."""
-    if isinstance(w, BlockWeights):
+    (`rows_matmul_blocks`: the bits of their float32 weights; `TiledQ4` too). Call `available()` first."""
+    if isinstance(w, (BlockWeights, TiledQ4)):
         return rows_matmul_blocks(x, w, layer)
     if layer is None:
         w, layer = w[None], 0
@@ -191,7 +205,10 @@ def rows_matmul(x, w, layer=None):
     return call(x, w, jnp.asarray(layer, jnp.int32).reshape(1))
 
 
-def rows_matmul_blocks(x, blocks, layer=None):
+TILED_PATHS = {"auto": 1, "tiles": 2, "emulated": 3}  # `rows_matmul_blocks(tiled_path=)`
+
+
+def rows_matmul_blocks(x, blocks, layer=None, tiled_path: str = "auto"):
     """`rows_matmul` for weights kept as GGUF blocks (`blocks.BlockWeights`: Q4_1 or Q8_0 codes
     with float32 scales [.., N, K/32]); each tile's weight rows are decoded in cache to the same
     float32 values the checkpoint's dequantization gives, so the products are `rows_matmul`'s
@@ -204,7 +221,8 @@ def rows_matmul_blocks(x, blocks, layer=None):
     if offset is None:
         offset = jnp.zeros((1, 1, 1), jnp.float32)
     call = jax.ffi.ffi_call(BLOCKS_TARGET, jax.ShapeDtypeStruct((x.shape[0], codes.shape[1]), jnp.float32))
-    return call(x, codes, scale, offset, jnp.asarray(layer, jnp.int32).reshape(1), bits=np.int32(bits))
+    return call(x, codes, scale, offset, jnp.asarray(layer, jnp.int32).reshape(1), bits=np.int32(bits),
+                tiled=np.int32(TILED_PATHS[tiled_path] if isinstance(blocks, TiledQ4) else 0))
 
 
 def greedy_tokens(x, w, head, amx: bool = True):

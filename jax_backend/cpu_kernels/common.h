@@ -12,6 +12,25 @@
 
 #include "xla/ffi/api/ffi.h"
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+// Whether Linux grants this process AMX's tile state (asked once; the kernels' tile code also needs
+// the build to have AMX: -march=native on a CPU with it).
+inline bool amx_permission() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool granted = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 

@@ -36,8 +36,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "common.h"
@@ -264,18 +262,7 @@ constexpr bool kHasAmx = false;
 #endif
 
 // Whether this process may run AMX tiles: built with them, and Linux grants the tile state.
-bool amx_ready() {
-#if defined(__x86_64__) && defined(__linux__)
-  static const bool ready = [] {
-    if (!kHasAmx) return false;
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return ready;
-#else
-  return false;
-#endif
-}
+bool amx_ready() { return kHasAmx && amx_permission(); }
 
 // A row's threshold shared by the units: at most the largest a - b any unit has seen (so at most the
 // final one). With thresholds of their own, units whose outputs held no large logit kept ~330

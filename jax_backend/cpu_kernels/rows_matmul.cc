@@ -381,6 +381,206 @@ void run(ffi::ThreadPool& pool, const Problem& p) {
   });
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && !defined(SGL_DFLASH_NO_AMX_PRODUCTS)
+#define SGL_DFLASH_AMX_PRODUCTS 1
+constexpr bool kAmxProducts = true;
+
+// Q4_1 products on AMX tiles, for weights in tile order (`blocks.TiledQ4`; docs/performance.md
+// section 53): per block b of 32 along K,
+//   y[r, n] += scale[n, b] * (sum_{k in b} q[n, k] x[r, k]) + offset[n, b] * (sum_{k in b} x[r, k]),
+// the first sum by three bfloat16 tile products into one float32 tile: q (0..15) is exact in
+// bfloat16 and x = x1 + x2 + x3 exactly (each part the bfloat16 truncation of what the previous
+// ones left), so every product is exact and only float32 accumulation rounds. Rows are the A
+// operand, the codes the B operand (16 pair-rows x 16 outputs per block, 256 bytes in tile order),
+// C [rows, 16 outputs]. Each element of a row is computed alone, so a row's bits do not depend on
+// the rows beside it; they are not the FMA kernel's bits (another summation). Steps of at most
+// AMX_EMULATED_ROWS rows compute the same bits without tiles (`groups_emulated`): there the tiles
+// cost more than they save (a batch-1 decode step 0.88x the FMA kernel's time emulated, 1.1-1.4x on
+// tiles; from 8 rows the tiles 0.74-0.87x).
+namespace amx_q4 {
+#ifndef AMX_EMULATED_ROWS
+#define AMX_EMULATED_ROWS 2
+#endif
+#ifndef AMX_UNITS
+#define AMX_UNITS 8
+#endif
+#ifndef AMX_AHEAD
+#define AMX_AHEAD 8
+#endif
+#ifndef AMX_LEVEL
+#define AMX_LEVEL 2
+#endif
+
+constexpr int kMaxTiles = 4;  // rows <= 64: B tile 0, C tiles 1-4, A tiles 5-7
+
+// The rows as three bfloat16 parts [3][tiles * 16][K] (zero rows past R) and each block's sums.
+struct Rows {
+  int64_t rows, tiles, k_dim, blocks;
+  uint16_t* parts;
+  float* sums;             // [R][blocks]
+  float* values = nullptr;  // the parts as float32 [3][R][K], for the emulation
+
+  // In the calling thread's buffers, kept between calls: a fresh allocation per call (~55-150 KB,
+  // past glibc's mmap threshold at K = 1536) faulted its pages in again at every product.
+  Rows(const float* x, int64_t r, int64_t k, bool emulated) : rows(r), tiles((r + 15) / 16), k_dim(k), blocks(k / 32) {
+    static thread_local std::vector<uint16_t> part_buffer;
+    static thread_local std::vector<float> sum_buffer, value_buffer;
+    part_buffer.resize(std::max<size_t>(part_buffer.size(), 3 * tiles * 16 * k));
+    sum_buffer.resize(std::max<size_t>(sum_buffer.size(), r * blocks));
+    parts = part_buffer.data(), sums = sum_buffer.data();
+    if (emulated) {  // the emulation reads the parts as floats
+      value_buffer.resize(std::max<size_t>(value_buffer.size(), 3 * r * k));
+      values = value_buffer.data();
+    } else {
+      for (int p = 0; p < 3; ++p)  // the last tile's rows past R: zeros
+        std::memset(parts + (p * tiles * 16 + r) * k, 0, (tiles * 16 - r) * k * sizeof(uint16_t));
+    }
+    const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < k; j += 16) {
+        __m512 rest = _mm512_loadu_ps(x + i * k + j);
+        if (j % 32 == 0) sums[i * blocks + j / 32] = _mm512_reduce_add_ps(_mm512_add_ps(rest, _mm512_loadu_ps(x + i * k + j + 16)));
+        for (int p = 0; p < 3; ++p) {
+          const __m512i bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
+          rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(bits));  // exact: the bits below the part's
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(parts + (p * tiles * 16 + i) * k + j),
+                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+          if (values) _mm512_storeu_ps(values + (p * r + i) * k + j, _mm512_castsi512_ps(bits));
+        }
+      }
+  }
+  const uint16_t* part(int p, int64_t tile, int64_t b) const { return parts + (p * tiles * 16 + tile * 16) * k_dim + b * 32; }
+};
+
+template <int T> inline void tile_load(const void* q, int64_t stride) {
+  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(q), "r"(stride), "i"(T) : "memory");
+}
+template <int T> inline void tile_store(void* q, int64_t stride) {
+  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(q), "r"(stride), "i"(T) : "memory");
+}
+template <int T> inline void tile_zero() { asm volatile("tilezero %%tmm%c0" ::"i"(T)); }
+template <int C, int A, int B> inline void tile_dp() {
+  asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+}
+
+// C tile 1 + T = row tile T's three parts . the block's codes (B tile 0), stored to c.
+template <int T>
+inline void row_tile(const Rows& rows, int64_t b, float* c) {
+  if (T < rows.tiles) {
+    const int64_t stride = rows.k_dim * 2;
+    tile_zero<1 + T>();
+    tile_load<5>(rows.part(0, T, b), stride);
+    tile_dp<1 + T, 5, 0>();
+    tile_load<6>(rows.part(1, T, b), stride);
+    tile_dp<1 + T, 6, 0>();
+    tile_load<7>(rows.part(2, T, b), stride);
+    tile_dp<1 + T, 7, 0>();
+    tile_store<1 + T>(c, 64);
+  }
+}
+
+// Groups of 16 outputs [g0, g1) of p's rows.
+void groups(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
+  struct { uint8_t palette = 1, start = 0, reserved[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
+                                         0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
+                                         0x4040, 0x4000, 0x3F80, 0x0000);  // bfloat16 of 0..15
+  alignas(64) uint16_t codes[512];
+  alignas(64) float c[kMaxTiles * 256];
+  alignas(64) float acc[kMaxTiles * 16][16];
+  const int64_t blocks = rows.blocks;
+  for (int64_t g = g0; g < g1; ++g) {
+    std::memset(acc, 0, sizeof(float) * 16 * rows.rows);
+    const uint8_t* q = p.w.codes + g * blocks * 256;
+    const float *d = p.w.scale + g * blocks * 16, *m = p.w.offset + g * blocks * 16;
+    for (int64_t b = 0; b < blocks; ++b, q += 256) {
+      for (int line = 0; line < 4; ++line) __builtin_prefetch(q + AMX_AHEAD * 256 + line * 64, 0, AMX_LEVEL);
+      __builtin_prefetch(d + (b + AMX_AHEAD) * 16, 0, AMX_LEVEL);
+      __builtin_prefetch(m + (b + AMX_AHEAD) * 16, 0, AMX_LEVEL);
+      for (int i = 0; i < 16; ++i) {  // pair-row i: byte n = q[n, 2i] | q[n, 2i + 1] << 4
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i * 16)));
+        const __m512i index = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(15)),
+                                              _mm512_slli_epi32(_mm512_srli_epi32(bytes, 4), 16));
+        _mm512_store_si512(codes + i * 32, _mm512_permutexvar_epi16(index, table));
+      }
+      tile_load<0>(codes, 64);
+      row_tile<0>(rows, b, c);
+      row_tile<1>(rows, b, c + 256);
+      row_tile<2>(rows, b, c + 512);
+      row_tile<3>(rows, b, c + 768);
+      const __m512 dv = _mm512_loadu_ps(d + b * 16), mv = _mm512_loadu_ps(m + b * 16);
+      for (int64_t r = 0; r < rows.rows; ++r) {
+        const __m512 a = _mm512_fmadd_ps(dv, _mm512_load_ps(c + r * 16), _mm512_load_ps(acc[r]));
+        _mm512_store_ps(acc[r], _mm512_fmadd_ps(mv, _mm512_set1_ps(rows.sums[r * blocks + b]), a));
+      }
+    }
+    for (int64_t r = 0; r < rows.rows; ++r) _mm512_storeu_ps(p.y + r * p.n_dim + g * 16, _mm512_load_ps(acc[r]));
+  }
+  _tile_release();
+}
+
+// `groups` without tiles, for few rows: the same bits, from the tile product's arithmetic as
+// measured (docs/performance.md section 54: C + (the even-position products summed in order + the
+// odd ones summed in order), each add rounded to nearest; a code times a part is exact, so an FMA
+// is that add; test_amx_products checks it bit for bit against the tiles on every AMX host). Two
+// rows at a time (12 accumulators), the codes decoded again for each pair.
+void groups_emulated(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
+  const int64_t blocks = rows.blocks;
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t r0 = 0; r0 < rows.rows; r0 += 2) {
+      const int nr = int(std::min<int64_t>(2, rows.rows - r0));
+      __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+      const uint8_t* q = p.w.codes + g * blocks * 256;
+      const float *d = p.w.scale + g * blocks * 16, *m = p.w.offset + g * blocks * 16;
+      for (int64_t b = 0; b < blocks; ++b, q += 256) {
+        __builtin_prefetch(q + 8 * 256, 0, 2);
+        __builtin_prefetch(q + 8 * 256 + 64, 0, 2);
+        __builtin_prefetch(q + 8 * 256 + 128, 0, 2);
+        __builtin_prefetch(q + 8 * 256 + 192, 0, 2);
+        __m512 even[2][3], odd[2][3];
+        for (int r = 0; r < 2; ++r)
+          for (int k = 0; k < 3; ++k) even[r][k] = odd[r][k] = _mm512_setzero_ps();
+        for (int i = 0; i < 16; ++i) {
+          const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i * 16)));
+          const __m512 qe = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+          const __m512 qo = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+          for (int r = 0; r < nr; ++r)
+            for (int k = 0; k < 3; ++k) {
+              const float* x = rows.values + (k * rows.rows + r0 + r) * rows.k_dim + b * 32 + 2 * i;
+              even[r][k] = _mm512_fmadd_ps(qe, _mm512_set1_ps(x[0]), even[r][k]);
+              odd[r][k] = _mm512_fmadd_ps(qo, _mm512_set1_ps(x[1]), odd[r][k]);
+            }
+        }
+        const __m512 dv = _mm512_loadu_ps(d + b * 16), mv = _mm512_loadu_ps(m + b * 16);
+        for (int r = 0; r < nr; ++r) {
+          __m512 c = _mm512_setzero_ps();
+          for (int k = 0; k < 3; ++k) c = _mm512_add_ps(c, _mm512_add_ps(even[r][k], odd[r][k]));
+          acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(rows.sums[(r0 + r) * blocks + b]), _mm512_fmadd_ps(dv, c, acc[r]));
+        }
+      }
+      for (int r = 0; r < nr; ++r) _mm512_storeu_ps(p.y + (r0 + r) * p.n_dim + g * 16, acc[r]);
+    }
+}
+
+void run(ffi::ThreadPool& pool, const Problem& p, bool tiles) {
+  const Rows rows(p.x, p.rows, p.k_dim, !tiles);
+  const int64_t count = p.n_dim / 16, units = std::min<int64_t>(count, AMX_UNITS * std::max<int64_t>(1, pool.num_threads()));
+  const int64_t per = (count + units - 1) / units;
+  parallel_units(pool, (count + per - 1) / per, [&p, &rows, per, count, tiles](int64_t u) {
+    (tiles ? groups : groups_emulated)(p, rows, u * per, std::min(count, (u + 1) * per));
+  });
+}
+
+}  // namespace amx_q4
+#else
+constexpr bool kAmxProducts = false;
+#endif
+
+// Whether Q4_1 products in tile order run here (`amx_q4`): built with AMX and granted it.
+bool amx_products() { return kAmxProducts && amx_permission(); }
+
 void dispatch(ffi::ThreadPool& pool, const Problem& problem) {
 #if defined(__AVX512F__)
   if (problem.w.bits != 32 && problem.rows < kScratchRows) {
@@ -422,7 +622,7 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 // scale and offset [L, N, K/32] (offset unused at bits 8).
 ffi::Error RowsMatmulBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> codes,
                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset, ffi::Buffer<ffi::S32> layer,
-                            ffi::ResultBuffer<ffi::F32> y, int32_t bits) {
+                            ffi::ResultBuffer<ffi::F32> y, int32_t bits, int32_t tiled) {
   auto xd = x.dimensions();
   auto cd = codes.dimensions();
   auto sd = scale.dimensions();
@@ -440,7 +640,16 @@ ffi::Error RowsMatmulBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
   weights.codes = codes.typed_data() + index * cd[1] * cd[2];
   weights.scale = scale.typed_data() + index * sd[1] * sd[2];
   weights.offset = bits == 4 ? offset.typed_data() + index * sd[1] * sd[2] : nullptr;
-  dispatch(pool, Problem{x.typed_data(), weights, y->typed_data(), xd[0], k_dim, cd[1]});
+  const Problem problem{x.typed_data(), weights, y->typed_data(), xd[0], k_dim, cd[1]};
+  if (tiled) {  // Q4_1 in tile order: only the AMX products read it
+    if (bits != 4 || cd[1] % 16 || xd[0] > 64 || !amx_products())
+      return ffi::Error::InvalidArgument("rows_matmul_blocks: tiled Q4_1 needs AMX, N % 16 == 0 and at most 64 rows");
+#ifdef SGL_DFLASH_AMX_PRODUCTS
+    amx_q4::run(pool, problem, tiled == 2 || (tiled == 1 && xd[0] > AMX_EMULATED_ROWS));
+#endif
+    return ffi::Error::Success();
+  }
+  dispatch(pool, problem);
   return ffi::Error::Success();
 }
 
@@ -480,7 +689,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_rows_matmul_blocks, RowsMatmulBlocks,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int32_t>("bits"));
+                                  .Attr<int32_t>("bits")
+                                  .Attr<int32_t>("tiled"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_rows_matmul_bf16, RowsMatmulBf16,
                               ffi::Ffi::Bind()
@@ -489,3 +699,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_rows_matmul_bf16, RowsMatmulBf16,
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+// 1 where this process runs Q4_1 products in tile order on AMX (`blocks.TiledQ4`).
+extern "C" int sgl_dflash_amx_products() { return amx_products() ? 1 : 0; }
