@@ -535,10 +535,7 @@ void groups_emulated(const Problem& p, const Rows& rows, int64_t g0, int64_t g1)
       const uint8_t* q = p.w.codes + g * blocks * 256;
       const float *d = p.w.scale + g * blocks * 16, *m = p.w.offset + g * blocks * 16;
       for (int64_t b = 0; b < blocks; ++b, q += 256) {
-        __builtin_prefetch(q + 8 * 256, 0, 2);
-        __builtin_prefetch(q + 8 * 256 + 64, 0, 2);
-        __builtin_prefetch(q + 8 * 256 + 128, 0, 2);
-        __builtin_prefetch(q + 8 * 256 + 192, 0, 2);
+        for (int line = 0; line < 4; ++line) __builtin_prefetch(q + AMX_AHEAD * 256 + line * 64, 0, AMX_LEVEL);
         __m512 even[2][3], odd[2][3];
         for (int r = 0; r < 2; ++r)
           for (int k = 0; k < 3; ++k) even[r][k] = odd[r][k] = _mm512_setzero_ps();
