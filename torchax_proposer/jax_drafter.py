@@ -41,19 +41,24 @@ def model_params(model: DFlashDraftModel) -> Params:
     return params
 
 
-def bfloat16_linear_weights(model: DFlashDraftModel, params: Params) -> Params:
+def bfloat16_linear_weights(model: DFlashDraftModel, params: Params, layout: Callable | None = None) -> Params:
     """`params` with each nn.Linear weight whose float32 values are all bfloat16 numbers (a bf16
     checkpoint's, loaded as float32) held as bfloat16: a `few_row_matmul` kernel reads it so and
     gets the same float32 values from half the bytes (`draft_weights` says where;
-    docs/performance.md section 45)."""
+    docs/performance.md section 45). `layout`: how that kernel holds a bfloat16 weight (e.g. in
+    its AMX tile order; the default: as it is)."""
     linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     out = dict(params)
     for name in linear & set(params):
         weight = params[name]
         if weight.dtype == jnp.float32 and weight.shape[-1] % 32 == 0:
             narrow = weight.astype(jnp.bfloat16)
-            if bool(jnp.array_equal(narrow.astype(jnp.float32), weight)):
-                out[name] = narrow
+            if not bool(jnp.array_equal(narrow.astype(jnp.float32), weight)):
+                continue
+            try:
+                out[name] = narrow if layout is None else layout(narrow)
+            except ValueError:  # a shape the kernel's layout does not take: float32 as loaded
+                pass
     return out
 
 
@@ -61,14 +66,16 @@ def bfloat16_linear_weights(model: DFlashDraftModel, params: Params) -> Params:
 NARROW_ROWS = 16
 
 
-def draft_weights(wide, narrow, rows: int):
+def draft_weights(wide, narrow, rows: int, narrow_rows: int = NARROW_ROWS):
     """The weights a draft step's products of `rows` rows read: `narrow` up to NARROW_ROWS, `wide`
     past it. Narrow: a bf16 checkpoint's projections as bfloat16 (`bfloat16_linear_weights`),
     the head as the target's GGUF blocks (`DFlashProposer(kernel_lm_head=)`): the CPU kernel
     reads fewer bytes (propose at one request, block 2: 0.72x with bfloat16), where wide products
     ran 1.1x slower (32-64 rows: compute-bound, and each weight decoded). Either way the same
-    float32 values; a signature's rows are fixed, so each compiles once."""
-    return narrow if rows <= NARROW_ROWS else wide
+    float32 values; a signature's rows are fixed, so each compiles once. A kernel summing bfloat16
+    weights on AMX tiles is faster at every row count it takes (`narrow_rows` = FEW_ROWS;
+    docs/performance.md section 55)."""
+    return narrow if rows <= narrow_rows else wide
 
 
 def init_draft_cache(model: DFlashDraftModel, max_num_seqs: int, max_context_len: int, dtype) -> tuple[Cache, Cache]:

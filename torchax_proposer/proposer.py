@@ -27,7 +27,7 @@ import numpy as np
 
 from .config import DrafterStateError
 from .cpu_lowering import FEW_ROWS
-from .jax_drafter import (JAX_DTYPES, DraftPath, as_numpy, bfloat16_linear_weights, draft_weights, init_draft_cache,
+from .jax_drafter import (JAX_DTYPES, NARROW_ROWS, DraftPath, as_numpy, bfloat16_linear_weights, draft_weights, init_draft_cache,
                           model_params, next_power_of_two, replicated_over)
 from .jitted import jitted_drafter
 from .loader import load_draft_model, torch_dtype
@@ -62,7 +62,8 @@ class DFlashProposer:
     def __init__(self, draft_dir: str | Path, *, target_embed: Any, target_lm_head: Any, target_config: dict[str, Any],
                  max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",
                  token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None,
-                 kernel_lm_head: Any = None, cpu_attention: Callable | None = None, greedy_head: Any = None):
+                 kernel_lm_head: Any = None, cpu_attention: Callable | None = None, greedy_head: Any = None,
+                 narrow_layout: Callable | None = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`cpu_lowering.few_row_matmul`)
         self._attention = cpu_attention  # a CPU kernel for the attention (`cpu_lowering.cpu_attention`)
@@ -108,8 +109,10 @@ class DFlashProposer:
                 (self.params, self.k_cache, self.v_cache, self.pending, self.token_map), replicated)
             if self.token_map is not None:  # the mapped lm_head is a new, small array
                 self.lm_head = jax.device_put(self.lm_head, replicated)
-        narrow = few_row_matmul is not None and self.dtype == jnp.float32  # kernel: fewer bytes (`draft_weights`)
-        self.narrow_params = bfloat16_linear_weights(self.model, self.params) if narrow else self.params
+        # The kernel reads bf16 weights (fewer bytes, `draft_weights`) as they are, or in its `narrow_layout`.
+        narrow = few_row_matmul is not None and self.dtype == jnp.float32
+        self.narrow_params = bfloat16_linear_weights(self.model, self.params, narrow_layout) if narrow else self.params
+        self.narrow_rows = NARROW_ROWS if narrow_layout is None else FEW_ROWS  # laid out for AMX tiles: all rows
         mapped = (lambda a: a) if self.token_map is None else (lambda a: jnp.asarray(a)[self.token_map])  # noqa: E731
         self.narrow_head = jax.tree.map(mapped, kernel_lm_head) if narrow and kernel_lm_head is not None else self.lm_head
         plain = self.config.output_multiplier == 1 and not self.config.final_logit_softcapping
@@ -146,9 +149,8 @@ class DFlashProposer:
 
     def release(self, seq_id: Any) -> None:
         """Forgets a sequence and frees its cache slot (its stale rows are never read again)."""
-        state = self._state(seq_id)
+        self._free_slots.append(self._state(seq_id).slot)
         del self._seqs[seq_id]
-        self._free_slots.append(state.slot)
 
     def committed_len(self, seq_id: Any) -> int:
         return self._state(seq_id).committed_len
@@ -199,12 +201,12 @@ class DFlashProposer:
         jit, block = self._draft_jit(block_size)
         batch = self._draft_batch(seq_ids, bonus_tokens)
         if batch is None:
-            empty = np.zeros((0, block - 1), np.int32)
-            vocab = (self.config.vocab_size,) if return_logits else ()
+            empty, vocab = np.zeros((0, block - 1), np.int32), (self.config.vocab_size,) if return_logits else ()
             return (empty, np.zeros(empty.shape + vocab, np.float32)) if return_logits or return_confidence else empty
         states, inputs, statics = batch
-        params = draft_weights(self.params, self.narrow_params, len(inputs[-1]) * max(block, statics["pending_rows"]))
-        rows = len(inputs[-1]) * (block - 1)
+        n = len(inputs[-1])
+        params = draft_weights(self.params, self.narrow_params, n * max(block, statics["pending_rows"]), self.narrow_rows)
+        rows = n * (block - 1)
         if self._greedy is not None and not (return_logits or return_confidence) and rows <= FEW_ROWS:
             tokens, self.k_cache, self.v_cache = jit.draft_greedy(
                 params, self.embed, self._greedy[1], self.k_cache, self.v_cache, *inputs, self.token_map, **statics)

@@ -190,19 +190,37 @@ def dense_attention(query, key, value, attn_mask=None, *, scale: float | None = 
     return call(query, key, value, mask, sm_scale=np.float32(dim**-0.5 if scale is None else scale))
 
 
-def rows_matmul(x, w, layer=None):
+def rows_matmul(x, w, layer=None, bf16_tiled: bool = False):
     """x [R, K] @ w.T as float32 [R, N], for out-major weights w [N, K], or w[layer].T for a layer
     stack w [L, N, K] and a traced layer index (the stack is read in place: no slice is copied).
     x float32; w float32, or bfloat16 read as such and computed as its exact float32 values (the
     bits of w.astype(float32) from half the bytes; K % 32 == 0), or GGUF blocks
-    (`rows_matmul_blocks`: the bits of their float32 weights; `TiledQ4` too). Call `available()` first."""
+    (`rows_matmul_blocks`: the bits of their float32 weights; `TiledQ4` too). `bf16_tiled`: bfloat16
+    weights are in `bf16_tile_order` and summed on AMX tiles (at most 64 rows, where
+    `amx_products()`: float32-accurate, not the FMA kernel's bits; a row's bits the same alone or
+    among others). Call `available()` first."""
     if isinstance(w, (BlockWeights, TiledQ4)):
         return rows_matmul_blocks(x, w, layer)
     if layer is None:
         w, layer = w[None], 0
-    target = BF16_TARGET if w.dtype == jnp.bfloat16 else MATMUL_TARGET  # bf16: widened in the kernel
-    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))
-    return call(x, w, jnp.asarray(layer, jnp.int32).reshape(1))
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
+    layer = jnp.asarray(layer, jnp.int32).reshape(1)
+    if w.dtype == jnp.bfloat16:  # widened in the kernel, or on tiles
+        if bf16_tiled and (x.shape[0] > 64 or not amx_products()):
+            raise ValueError(f"rows_matmul: bf16 weights in tile order need AMX and at most 64 rows, got {x.shape[0]}")
+        return jax.ffi.ffi_call(BF16_TARGET, out)(x, w, layer, tiles=np.int32(bf16_tiled))
+    return jax.ffi.ffi_call(MATMUL_TARGET, out)(x, w, layer)
+
+
+def bf16_tile_order(w):
+    """bfloat16 weights [.., N, K] (N % 16 == 0, K % 32 == 0) in the AMX tile order that
+    `rows_matmul(bf16_tiled=True)` reads: the same shape and values, each 16 outputs x 32 k as one
+    1 KB tile of 16 k-pairs x 16 outputs (element [g, b, i, n, j] = w[16 g + n, 32 b + 2 i + j])."""
+    *lead, n, k = w.shape
+    if n % 16 or k % 32:
+        raise ValueError(f"bf16_tile_order: weights [.., N, K] need N % 16 == 0 and K % 32 == 0, got {n} x {k}")
+    tiles = jnp.asarray(w, jnp.bfloat16).reshape(*lead, n // 16, 16, k // 32, 16, 2)
+    return jnp.swapaxes(jnp.swapaxes(tiles, -4, -3), -3, -2).reshape(*lead, n, k)
 
 
 TILED_PATHS = {"auto": 1, "tiles": 2, "emulated": 3}  # `rows_matmul_blocks(tiled_path=)`

@@ -571,6 +571,163 @@ void run(ffi::ThreadPool& pool, const Problem& p, bool tiles) {
 }
 
 }  // namespace amx_q4
+
+// bfloat16 weights on AMX tiles (the drafter's bf16 checkpoint; `rows_matmul(bf16_tiled=True)`),
+// for weights in tile order (`cpu_kernels.bf16_tile_order`: per 16 outputs and 32 k, the B tile of
+// 16 k-pairs x 16 outputs, 1 KB): each row is split into three bfloat16 parts (x = x1 + x2 + x3
+// exactly, as in amx_q4), the A operand, so every product is exact and only float32 accumulation
+// rounds: y[r, n] = sum over blocks and parts of the tiles' sums, in one float32 C tile. An element
+// of C is computed from its row alone, so a row's bits do not depend on the rows beside it or
+// their number (they are not the FMA kernel's bits: another summation). At 8 rows the FMA kernel's
+// products were bound by its multiply-adds (docs/performance.md section 55).
+namespace amx_bf16 {
+using amx_q4::tile_dp;
+using amx_q4::tile_load;
+using amx_q4::tile_store;
+using amx_q4::tile_zero;
+
+// The rows' three parts [3][tiles * 16][K] bfloat16, in the calling thread's buffer kept between
+// calls. One row tile (R <= 16) is configured R rows high; of several, the last one's rows past R
+// are zeros.
+struct Parts {
+  int64_t rows, tiles, k_dim;
+  uint16_t* parts;
+
+  Parts(const float* x, int64_t r, int64_t k) : rows(r), tiles((r + 15) / 16), k_dim(k) {
+    static thread_local std::vector<uint16_t> buffer;
+    buffer.resize(std::max<size_t>(buffer.size(), 3 * tiles * 16 * k));
+    parts = buffer.data();
+    if (tiles > 1)
+      for (int p = 0; p < 3; ++p) std::memset(parts + (p * tiles * 16 + r) * k, 0, (tiles * 16 - r) * k * 2);
+    const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < k; j += 16) {
+        __m512 rest = _mm512_loadu_ps(x + i * k + j);
+        for (int p = 0; p < 3; ++p) {
+          const __m512i bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
+          rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(bits));  // exact: the bits below the part's
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(parts + (p * tiles * 16 + i) * k + j),
+                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+        }
+      }
+  }
+  const uint16_t* part(int p, int64_t tile, int64_t b) const { return parts + (p * tiles * 16 + tile * 16) * k_dim + b * 32; }
+  int height() const { return tiles == 1 ? int(rows) : 16; }  // rows of the A and C tiles
+};
+
+// Tiles: B (weights) 0 and 4, C 1-3 (one per group of outputs or per row tile; 4 too for the
+// fourth row tile), A (the rows' parts) 5-7.
+void configure(const Parts& parts) {
+  struct { uint8_t palette = 1, start = 0, reserved[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = uint8_t(t == 0 || (t == 4 && parts.tiles < 4) ? 16 : parts.height());
+  _tile_loadconfig(&config);
+}
+
+// Weight tiles of the blocks AMX_AHEAD ahead into L2, one 1 KB tile per group of outputs.
+inline void prefetch(const uint16_t* group, int64_t b, int64_t blocks) {
+  if (b + AMX_AHEAD < blocks)
+    for (int line = 0; line < 16; ++line) __builtin_prefetch(group + (b + AMX_AHEAD) * 512 + line * 32, 0, AMX_LEVEL);
+}
+
+template <int C, int B>
+inline void group_block(const uint16_t* group, int64_t b) {
+  tile_load<B>(group + b * 512, 64);
+  tile_dp<C, 5, B>();
+  tile_dp<C, 6, B>();
+  tile_dp<C, 7, B>();
+}
+
+// At most 16 rows: G groups of outputs from g at a time (C tiles 1..G), each block's parts loaded
+// once for all of them (from 8 rows the A loads cost as much as the products).
+template <int G>
+void one_row_tile(const Problem& p, const Parts& parts, int64_t g) {
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(p.w.codes) + g * 16 * p.k_dim;
+  const int64_t blocks = p.k_dim / 32, next = 16 * p.k_dim;  // group g + 1's tiles
+  tile_zero<1>();
+  if constexpr (G > 1) tile_zero<2>();
+  if constexpr (G > 2) tile_zero<3>();
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int i = 0; i < G; ++i) prefetch(w + i * next, b, blocks);
+    tile_load<5>(parts.part(0, 0, b), p.k_dim * 2);
+    tile_load<6>(parts.part(1, 0, b), p.k_dim * 2);
+    tile_load<7>(parts.part(2, 0, b), p.k_dim * 2);
+    group_block<1, 0>(w, b);
+    if constexpr (G > 1) group_block<2, 4>(w + next, b);
+    if constexpr (G > 2) group_block<3, 0>(w + 2 * next, b);
+  }
+  const int64_t stride = p.n_dim * 4;  // C [rows, 16 outputs] straight into y
+  tile_store<1>(p.y + g * 16, stride);
+  if constexpr (G > 1) tile_store<2>(p.y + (g + 1) * 16, stride);
+  if constexpr (G > 2) tile_store<3>(p.y + (g + 2) * 16, stride);
+}
+
+template <int T>
+inline void row_tile(const Parts& parts, int64_t b) {
+  if (T < parts.tiles) {
+    tile_load<5>(parts.part(0, T, b), parts.k_dim * 2);
+    tile_load<6>(parts.part(1, T, b), parts.k_dim * 2);
+    tile_load<7>(parts.part(2, T, b), parts.k_dim * 2);
+    tile_dp<1 + T, 5, 0>();
+    tile_dp<1 + T, 6, 0>();
+    tile_dp<1 + T, 7, 0>();
+  }
+}
+
+template <int T>
+inline void zero_tile(const Parts& parts) {
+  if (T < parts.tiles) tile_zero<1 + T>();
+}
+
+// 17-64 rows: one group of outputs at a time, a C tile per 16 rows (1-4).
+void row_tiles(const Problem& p, const Parts& parts, int64_t g) {
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(p.w.codes) + g * 16 * p.k_dim;
+  const int64_t blocks = p.k_dim / 32;
+  zero_tile<0>(parts);
+  zero_tile<1>(parts);
+  zero_tile<2>(parts);
+  zero_tile<3>(parts);
+  for (int64_t b = 0; b < blocks; ++b) {
+    prefetch(w, b, blocks);
+    tile_load<0>(w + b * 512, 64);
+    row_tile<0>(parts, b);
+    row_tile<1>(parts, b);
+    row_tile<2>(parts, b);
+    row_tile<3>(parts, b);
+  }
+  alignas(64) float c[amx_q4::kMaxTiles * 256];
+  tile_store<1>(c, 64);
+  if (parts.tiles > 1) tile_store<2>(c + 256, 64);
+  if (parts.tiles > 2) tile_store<3>(c + 512, 64);
+  if (parts.tiles > 3) tile_store<4>(c + 768, 64);
+  for (int64_t r = 0; r < p.rows; ++r) std::memcpy(p.y + r * p.n_dim + g * 16, c + r * 16, 64);
+}
+
+// Groups of 16 outputs [g0, g1).
+void groups(const Problem& p, const Parts& parts, int64_t g0, int64_t g1) {
+  configure(parts);
+  for (int64_t g = g0; g < g1;) {
+    if (parts.tiles > 1) {
+      row_tiles(p, parts, g), g += 1;
+    } else if (g1 - g >= 3) {
+      one_row_tile<3>(p, parts, g), g += 3;
+    } else if (g1 - g == 2) {
+      one_row_tile<2>(p, parts, g), g += 2;
+    } else {
+      one_row_tile<1>(p, parts, g), g += 1;
+    }
+  }
+  _tile_release();
+}
+
+void run(ffi::ThreadPool& pool, const Problem& p) {
+  const Parts parts(p.x, p.rows, p.k_dim);
+  const int64_t count = p.n_dim / 16, units = std::min<int64_t>(count, 2 * std::max<int64_t>(1, pool.num_threads()));
+  const int64_t per = (count + units - 1) / units;
+  parallel_units(pool, (count + per - 1) / per,
+                 [&p, &parts, per, count](int64_t u) { groups(p, parts, u * per, std::min(count, (u + 1) * per)); });
+}
+
+}  // namespace amx_bf16
 #else
 constexpr bool kAmxProducts = false;
 #endif
@@ -653,7 +810,7 @@ ffi::Error RowsMatmulBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
 // x @ w.T for bfloat16 weights w [L, N, K] (K % 32 == 0), read as their exact float32 values.
 // XLA hands the bfloat16 buffer over as it is (a bitcast to bytes in the program was a copy).
 ffi::Error RowsMatmulBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
-                          ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
+                          ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y, int32_t tiles) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 3 || wd[2] != xd[1] || xd[1] % 32)
@@ -663,7 +820,16 @@ ffi::Error RowsMatmulBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   Weights weights;
   weights.bits = 16;
   weights.codes = reinterpret_cast<const uint8_t*>(w.typed_data()) + index * wd[1] * wd[2] * 2;
-  dispatch(pool, Problem{x.typed_data(), weights, y->typed_data(), xd[0], xd[1], wd[1]});
+  const Problem problem{x.typed_data(), weights, y->typed_data(), xd[0], xd[1], wd[1]};
+  if (tiles) {  // on AMX tiles: float32-accurate, not the FMA kernel's bits
+    if (wd[1] % 16 || xd[0] > 64 || !amx_products())
+      return ffi::Error::InvalidArgument("rows_matmul_bf16: tiles need AMX, N % 16 == 0 and at most 64 rows");
+#ifdef SGL_DFLASH_AMX_PRODUCTS
+    amx_bf16::run(pool, problem);
+#endif
+    return ffi::Error::Success();
+  }
+  dispatch(pool, problem);
   return ffi::Error::Success();
 }
 
@@ -695,7 +861,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_rows_matmul_bf16, RowsMatmulBf16,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("tiles"));
 
 // 1 where this process runs Q4_1 products in tile order on AMX (`blocks.TiledQ4`).
 extern "C" int sgl_dflash_amx_products() { return amx_products() ? 1 : 0; }

@@ -23,6 +23,7 @@ after the final norm (`TargetRunner.hidden_state_features`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -154,6 +155,8 @@ class DFlashWorker:
         self.allocator = self.target_worker.allocator
         self.vocab_size = self.target_worker.vocab_size
         token_map = None if token_map_path is None else read_token_map(token_map_path, draft_config.vocab_size)
+        # The target's CPU kernels serve the drafter too; its bf16 weights on AMX tiles where there are.
+        tiles = self.runner.cpu_matmul and cpu_kernels.amx_products()
         self.proposer = DFlashProposer(
             server_args.speculative_draft_model_path,
             target_embed=self.runner.embed,
@@ -164,10 +167,11 @@ class DFlashWorker:
             block_size=self.block_size,
             dtype=server_args.resolved_dtype,
             token_map=token_map,
-            few_row_matmul=cpu_kernels.rows_matmul if self.runner.cpu_matmul else None,  # the target's CPU kernel
+            few_row_matmul=functools.partial(cpu_kernels.rows_matmul, bf16_tiled=tiles) if self.runner.cpu_matmul else None,
             kernel_lm_head=self.runner.params.get("blocks", {}).get("lm_head"),  # its GGUF blocks, if any
             cpu_attention=cpu_kernels.dense_attention if self.runner.cpu_attention else None,  # the target's setting
             greedy_head=greedy_head.for_drafter(self.runner.params, token_map),  # greedy drafts: the target's, if it has one
+            narrow_layout=cpu_kernels.bf16_tile_order if tiles else None,
         )
         self.drafting: set[int] = set()  # slots with drafter state
         self.timings: dict[str, float] = defaultdict(float)  # seconds per phase, for benchmarks

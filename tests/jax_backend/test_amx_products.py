@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -96,3 +97,39 @@ def test_a_verify_block_accepts_what_one_row_decode_steps_chose(quantized):
         tokens, accepted, bonus = decode(runner, prompt)
         assert (accepted, bonus) == (6, tokens[7])
         assert decode(plain, prompt)[0] == tokens
+
+
+def test_the_bf16_tile_order_holds_the_weights_as_the_kernel_reads_them():
+    rng = np.random.default_rng(3)
+    w = jnp.asarray(rng.standard_normal((2, 48, 96)), jnp.bfloat16)
+    t = np.asarray(cpu_kernels.bf16_tile_order(w).astype(jnp.float32))
+    assert t.shape == w.shape and sorted(t.ravel()) == sorted(np.asarray(w.astype(jnp.float32)).ravel())
+    tiles = t.reshape(2, 3, 3, 16, 16, 2)  # [L, group, block, pair-row, output, pair]
+    for layer, g, blk, i, n, j in [(0, 0, 0, 0, 0, 0), (1, 2, 2, 15, 15, 1), (0, 1, 1, 7, 3, 0), (1, 0, 2, 9, 12, 1)]:
+        assert tiles[layer, g, blk, i, n, j] == float(w[layer, 16 * g + n, 32 * blk + 2 * i + j])
+    with pytest.raises(ValueError, match="N % 16 == 0"):
+        cpu_kernels.bf16_tile_order(jnp.zeros((40, 64), jnp.bfloat16))
+
+
+@amx
+@pytest.mark.parametrize("rows,k,n", [(1, 576, 576), (2, 64, 16), (7, 2880, 576), (8, 576, 1536), (16, 1536, 576),
+                                      (17, 96, 48), (33, 128, 32), (64, 576, 192)])
+def test_bf16_weights_on_tiles_sum_to_float32_accuracy_and_a_rows_bits_stand_alone(rows, k, n):
+    """`rows_matmul(bf16_tiled=True)` (the drafter's bf16 weights on AMX): within float32
+    accumulation's bound of the exact sums; a row alone gets the bits it gets among 1-64 others."""
+    rng = np.random.default_rng(rows * 5 + n)
+    w = jnp.asarray(0.05 * rng.standard_normal((2, n, k)), jnp.bfloat16)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[:, 3] *= 30  # an outlier channel
+    x[0, 5:9] = [1e-30, -3e-41, 0.0, 6e4]  # tiny, subnormal, zero and large elements
+    run = jax.jit(functools.partial(cpu_kernels.rows_matmul, bf16_tiled=True))
+    tiled = cpu_kernels.bf16_tile_order(w)
+    got = np.asarray(run(x, tiled, 1))
+    for i in sorted({0, rows // 2, rows - 1}):
+        np.testing.assert_array_equal(np.asarray(run(x[i : i + 1], tiled, 1))[0], got[i])
+        np.testing.assert_array_equal(np.asarray(run(np.concatenate([x[i : i + 1]] * 20), tiled, 1))[19], got[i])
+    wf = np.asarray(w[1].astype(jnp.float32), np.float64)
+    exact, size = x.astype(np.float64) @ wf.T, np.abs(x.astype(np.float64)) @ np.abs(wf).T
+    assert (np.abs(got - exact) <= 4 * k * 2.0**-24 * size + 1e-30).all()  # float32 accumulation's bound
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        cpu_kernels.rows_matmul(np.zeros((65, k), np.float32), tiled, 1, bf16_tiled=True)

@@ -174,3 +174,40 @@ def test_the_greedy_head_gives_the_same_greedy_drafts(bf16_draft, token_map):
     bonus = rng.integers(0, 256, 1)
     tokens, confidence = proposers["greedy"].propose([0], bonus, return_confidence=True)
     assert not calls and confidence.shape == (1, 7)
+
+
+@pytest.mark.skipif(not (cpu_kernels.available() and cpu_kernels.amx_products()),
+                    reason="this CPU (or build) has no AMX tiles: bf16 weights stay as they are")
+def test_bf16_weights_in_tile_order_draft_as_float32_does_at_every_row_count(bf16_draft):
+    """`narrow_layout=cpu_kernels.bf16_tile_order` with `rows_matmul(bf16_tiled=True)` (the DFLASH
+    worker's setting on AMX hosts): the bfloat16 weights, in tile order, serve every kernel step up to
+    FEW_ROWS rows (8 and 32 here), with the float32 drafter's drafts and its logits within float32
+    accumulation's rounding."""
+    import functools
+
+    rng = np.random.default_rng(2)
+    embed, lm_head = (0.1 * rng.standard_normal((2, 256, 64))).astype(np.float32)
+    seen = []
+
+    def tiled(x, w):
+        seen.append(w.dtype)
+        return cpu_kernels.rows_matmul(x, w, bf16_tiled=True)
+
+    make = lambda **kw: DFlashProposer(bf16_draft, target_embed=embed, target_lm_head=lm_head,  # noqa: E731
+                                       target_config=TARGET, max_num_seqs=4, max_context_len=128, **kw)
+    tiles = make(few_row_matmul=tiled, narrow_layout=cpu_kernels.bf16_tile_order)
+    f32 = make(few_row_matmul=lambda x, w: cpu_kernels.rows_matmul(x, w.astype(jnp.float32)))
+    assert tiles.narrow_rows == 64 and f32.narrow_rows == 16
+    w = tiles.narrow_params["layers.0.mlp.gate_proj.weight"]
+    assert w.dtype == jnp.bfloat16 and not jnp.array_equal(w, tiles.params["layers.0.mlp.gate_proj.weight"].astype(jnp.bfloat16))
+    prompt = rng.standard_normal((20, 128)).astype(np.float32)
+    for seq in range(4):
+        for p in (tiles, f32):
+            p.add(seq, jax.device_put(prompt[: 8 + seq]))
+    for seqs in ([0], [0, 1, 2, 3]):  # 8 rows, then 32 (past NARROW_ROWS: tiles still)
+        seen.clear()
+        bonus = rng.integers(0, 256, len(seqs))
+        (t_tokens, t_logits), (f_tokens, f_logits) = (p.propose(seqs, bonus, return_logits=True) for p in (tiles, f32))
+        np.testing.assert_array_equal(t_tokens, f_tokens)
+        np.testing.assert_allclose(t_logits, f_logits, atol=1e-5, rtol=0)
+        assert jnp.bfloat16 in seen
