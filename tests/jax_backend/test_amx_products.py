@@ -3,7 +3,9 @@ docs/performance.md section 54): the tile order holds the blocks' codes and scal
 their emulation without tiles (steps of 1-2 rows) give the same bits, so a row's products do not depend
 on the rows beside it or on the step; sums within float32 accumulation of the exact values; a
 runner's verify block accepts what its one-row decode steps chose, as
-the float32 runner's tokens."""
+the float32 runner's tokens. And the drafter's bfloat16 weights on AMX tiles
+(`rows_matmul(bf16_tiled=True)`, section 55): their tile order, float32-accurate sums, a row's bits
+alone as among others."""
 
 from __future__ import annotations
 
