@@ -5,7 +5,7 @@ from sgl_dflash.tools.bench_engines import adaptive_engine, resolve_engine_args
 from sgl_dflash.tools.bench_concurrency import take_prompts
 from sgl_dflash.speculative import adaptive as A
 from sgl_dflash.speculative.cost_model import step_shape
-args = SimpleNamespace(model_path=None, draft_model_path=None, speculative_token_map=None, adaptive_bound=16, compilation_cache=None)
+args = SimpleNamespace(model_path=None, draft_model_path=None, speculative_token_map=None, adaptive_bound=16, compilation_cache=str(__import__("pathlib").Path("cache/jax_compilation_cache").resolve()))
 resolve_engine_args(args)
 eng = adaptive_engine(args)
 from sgl_dflash.tools.train.regenerate import chat_prompt_ids
