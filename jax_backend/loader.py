@@ -147,7 +147,7 @@ def amx_tiled(stacks: dict[str, BlockWeights]) -> dict:
     stacks of N % 16 == 0 in their tile order (`blocks.TiledQ4`)."""
     from jax_backend import cpu_kernels
 
-    if not (cpu_kernels.available() and cpu_kernels.amx_products()):
+    if not cpu_kernels.amx_products():
         return stacks
     tiled = lambda b: TiledQ4(*(jnp.asarray(a) for a in tile_q4(b)))  # noqa: E731
     return {name: tiled(b) if b.offset is not None and b.codes.shape[-2] % 16 == 0 else b for name, b in stacks.items()}

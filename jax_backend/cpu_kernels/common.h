@@ -31,6 +31,37 @@ inline bool amx_permission() {
 #endif
 }
 
+#if defined(__AMX_TILE__)
+#include <immintrin.h>
+
+// AMX tile helpers shared by the kernels. `configure_tiles`: palette 1, tiles 0-7 each 64 bytes wide
+// and `rows[t]` rows high (16 each by default).
+inline void configure_tiles(const uint8_t* rows = nullptr) {
+  struct {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t tile_rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.tile_rows[t] = rows ? rows[t] : 16;
+  _tile_loadconfig(&config);
+}
+
+// Tile instructions on tile numbers that are template arguments (GCC's _tile_* macros paste their
+// argument's spelling into the instruction).
+template <int T>
+inline void tile_load(const void* base, int64_t stride) {
+  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(T) : "memory");
+}
+template <int T>
+inline void tile_store(void* base, int64_t stride) {
+  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(T) : "memory");
+}
+template <int T>
+inline void tile_zero() {
+  asm volatile("tilezero %%tmm%c0" ::"i"(T));
+}
+#endif
+
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 

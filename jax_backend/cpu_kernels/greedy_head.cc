@@ -148,37 +148,11 @@ void sums_plain(const Rows& rows, const int8_t* packed, int32_t* c_hi, int32_t* 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 constexpr bool kHasAmx = true;
 
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t tile_rows[16] = {};
-};
-
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.tile_rows[t] = 16;
-  _tile_loadconfig(&config);
-}
-
 // How many groups of weight tiles ahead a chunk's prefetch asks for (into L2): tile loads leave the
 // hardware prefetcher idle (one thread streamed 6.6 GB/s without; 1, 2, 4 and 8 were within noise).
 constexpr int64_t kAhead = 2;
 
-// Tile instructions on tile numbers that are template arguments (GCC's _tile_* macros paste their
-// argument's spelling into the instruction).
-template <int T>
-inline void tile_load(const void* base, int64_t stride) {
-  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(T) : "memory");
-}
-template <int T>
-inline void tile_store(void* base, int64_t stride) {
-  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(T) : "memory");
-}
-template <int T>
-inline void tile_zero() {
-  asm volatile("tilezero %%tmm%c0" ::"i"(T));
-}
-template <int C, int A, int B>  // C += A . B, signed int8
+template <int C, int A, int B>  // C += A . B, signed int8 (tile helpers: common.h)
 inline void tile_dpbssd() {
   asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
 }

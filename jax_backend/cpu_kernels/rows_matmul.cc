@@ -413,6 +413,26 @@ namespace amx_q4 {
 
 constexpr int kMaxTiles = 4;  // rows <= 64: B tile 0, C tiles 1-4, A tiles 5-7
 
+// Rows x [R, K] as three bfloat16 parts, x = x1 + x2 + x3 exactly (each part the bfloat16
+// truncation of what the previous ones left): parts [3][part_rows][K]; where given, each block's
+// sums [R][K / 32] and the parts as float32 values [3][R][K].
+inline void split_parts(const float* x, int64_t r, int64_t k, uint16_t* parts, int64_t part_rows, float* sums,
+                        float* values) {
+  const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < k; j += 16) {
+      __m512 rest = _mm512_loadu_ps(x + i * k + j);
+      if (sums && j % 32 == 0) sums[i * (k / 32) + j / 32] = _mm512_reduce_add_ps(_mm512_add_ps(rest, _mm512_loadu_ps(x + i * k + j + 16)));
+      for (int p = 0; p < 3; ++p) {
+        const __m512i bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
+        rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(bits));  // exact: the bits below the part's
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(parts + (p * part_rows + i) * k + j),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+        if (values) _mm512_storeu_ps(values + (p * r + i) * k + j, _mm512_castsi512_ps(bits));
+      }
+    }
+}
+
 // The rows as three bfloat16 parts [3][tiles * 16][K] (zero rows past R) and each block's sums.
 struct Rows {
   int64_t rows, tiles, k_dim, blocks;
@@ -435,31 +455,12 @@ struct Rows {
       for (int p = 0; p < 3; ++p)  // the last tile's rows past R: zeros
         std::memset(parts + (p * tiles * 16 + r) * k, 0, (tiles * 16 - r) * k * sizeof(uint16_t));
     }
-    const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < k; j += 16) {
-        __m512 rest = _mm512_loadu_ps(x + i * k + j);
-        if (j % 32 == 0) sums[i * blocks + j / 32] = _mm512_reduce_add_ps(_mm512_add_ps(rest, _mm512_loadu_ps(x + i * k + j + 16)));
-        for (int p = 0; p < 3; ++p) {
-          const __m512i bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
-          rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(bits));  // exact: the bits below the part's
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(parts + (p * tiles * 16 + i) * k + j),
-                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
-          if (values) _mm512_storeu_ps(values + (p * r + i) * k + j, _mm512_castsi512_ps(bits));
-        }
-      }
+    split_parts(x, r, k, parts, tiles * 16, sums, values);
   }
   const uint16_t* part(int p, int64_t tile, int64_t b) const { return parts + (p * tiles * 16 + tile * 16) * k_dim + b * 32; }
 };
 
-template <int T> inline void tile_load(const void* q, int64_t stride) {
-  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(q), "r"(stride), "i"(T) : "memory");
-}
-template <int T> inline void tile_store(void* q, int64_t stride) {
-  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(q), "r"(stride), "i"(T) : "memory");
-}
-template <int T> inline void tile_zero() { asm volatile("tilezero %%tmm%c0" ::"i"(T)); }
-template <int C, int A, int B> inline void tile_dp() {
+template <int C, int A, int B> inline void tile_dp() {  // C += A . B, bfloat16 (tile helpers: common.h)
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
 }
 
@@ -481,9 +482,7 @@ inline void row_tile(const Rows& rows, int64_t b, float* c) {
 
 // Groups of 16 outputs [g0, g1) of p's rows.
 void groups(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
-  struct { uint8_t palette = 1, start = 0, reserved[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  _tile_loadconfig(&config);
+  configure_tiles();
   const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
                                          0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
                                          0x4040, 0x4000, 0x3F80, 0x0000);  // bfloat16 of 0..15
@@ -582,9 +581,6 @@ void run(ffi::ThreadPool& pool, const Problem& p, bool tiles) {
 // products were bound by its multiply-adds (docs/performance.md section 55).
 namespace amx_bf16 {
 using amx_q4::tile_dp;
-using amx_q4::tile_load;
-using amx_q4::tile_store;
-using amx_q4::tile_zero;
 
 // The rows' three parts [3][tiles * 16][K] bfloat16, in the calling thread's buffer kept between
 // calls. One row tile (R <= 16) is configured R rows high; of several, the last one's rows past R
@@ -599,17 +595,7 @@ struct Parts {
     parts = buffer.data();
     if (tiles > 1)
       for (int p = 0; p < 3; ++p) std::memset(parts + (p * tiles * 16 + r) * k, 0, (tiles * 16 - r) * k * 2);
-    const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < k; j += 16) {
-        __m512 rest = _mm512_loadu_ps(x + i * k + j);
-        for (int p = 0; p < 3; ++p) {
-          const __m512i bits = _mm512_and_si512(_mm512_castps_si512(rest), high);
-          rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(bits));  // exact: the bits below the part's
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(parts + (p * tiles * 16 + i) * k + j),
-                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
-        }
-      }
+    amx_q4::split_parts(x, r, k, parts, tiles * 16, nullptr, nullptr);
   }
   const uint16_t* part(int p, int64_t tile, int64_t b) const { return parts + (p * tiles * 16 + tile * 16) * k_dim + b * 32; }
   int height() const { return tiles == 1 ? int(rows) : 16; }  // rows of the A and C tiles
@@ -618,9 +604,9 @@ struct Parts {
 // Tiles: B (weights) 0 and 4, C 1-3 (one per group of outputs or per row tile; 4 too for the
 // fourth row tile), A (the rows' parts) 5-7.
 void configure(const Parts& parts) {
-  struct { uint8_t palette = 1, start = 0, reserved[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = uint8_t(t == 0 || (t == 4 && parts.tiles < 4) ? 16 : parts.height());
-  _tile_loadconfig(&config);
+  uint8_t rows[8];
+  for (int t = 0; t < 8; ++t) rows[t] = uint8_t(t == 0 || (t == 4 && parts.tiles < 4) ? 16 : parts.height());
+  configure_tiles(rows);
 }
 
 // Weight tiles of the blocks AMX_AHEAD ahead into L2, one 1 KB tile per group of outputs.
