@@ -43,7 +43,9 @@ inline void configure_tiles(const uint8_t* rows = nullptr) {
     uint8_t tile_rows[16] = {};
   } config;
   for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.tile_rows[t] = rows ? rows[t] : 16;
-  _tile_loadconfig(&config);
+  // As an asm reading `config` (not _tile_loadconfig): GCC dropped the builtin's colsb and rows
+  // stores as dead in one caller (the few-rows Q4_1 products), and ldtilecfg faulted.
+  asm volatile("ldtilecfg %0" ::"m"(config));
 }
 
 // Tile instructions on tile numbers that are template arguments (GCC's _tile_* macros paste their

@@ -404,6 +404,9 @@ namespace amx_q4 {
 #ifndef AMX_UNITS
 #define AMX_UNITS 8
 #endif
+#ifndef AMX_FEW_ROWS  // steps of up to this many rows (<= 16) run `groups_few_rows`
+#define AMX_FEW_ROWS 16
+#endif
 #ifndef AMX_AHEAD
 #define AMX_AHEAD 8
 #endif
@@ -520,6 +523,75 @@ void groups(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
   _tile_release();
 }
 
+// One group of outputs' block in `few_rows`: the codes decoded to B tile B (0 or 4), C tile 1 + I
+// = the parts (A tiles 5-7, loaded once for the G groups) . the codes, stored to c.
+template <int I, int B>
+inline void few_rows_group(const uint8_t* q, const __m512i& table, uint16_t* codes, float* c) {
+  for (int line = 0; line < 4; ++line) __builtin_prefetch(q + AMX_AHEAD * 256 + line * 64, 0, AMX_LEVEL);
+  for (int i = 0; i < 16; ++i) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i * 16)));
+    const __m512i index = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(15)),
+                                          _mm512_slli_epi32(_mm512_srli_epi32(bytes, 4), 16));
+    _mm512_store_si512(codes + i * 32, _mm512_permutexvar_epi16(index, table));
+  }
+  tile_load<B>(codes, 64);
+  tile_zero<1 + I>();
+  tile_dp<1 + I, 5, B>();
+  tile_dp<1 + I, 6, B>();
+  tile_dp<1 + I, 7, B>();
+  tile_store<1 + I>(c, 64);
+}
+
+// `groups` for at most 16 rows: the A and C tiles configured R rows high (no zero rows loaded,
+// multiplied or stored), and G groups of outputs from g at a time share each block's part loads
+// (three A tiles per block and group before: at 4 rows those loads were most of a product's time).
+// Every element is the same tile product as in `groups`: the same bits.
+template <int G>
+void few_rows(const Problem& p, const Rows& rows, int64_t g, const __m512i& table) {
+  alignas(64) uint16_t codes[2][512];
+  alignas(64) float c[3][256];
+  alignas(64) float acc[3][16][16];
+  const int64_t blocks = rows.blocks, stride = rows.k_dim * 2;
+  const uint8_t* q = p.w.codes + g * blocks * 256;
+  const float *d = p.w.scale + g * blocks * 16, *m = p.w.offset + g * blocks * 16;
+  std::memset(acc, 0, sizeof(acc));
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int i = 0; i < G; ++i) {  // (the codes' lines: `few_rows_group`)
+      __builtin_prefetch(d + (i * blocks + b + AMX_AHEAD) * 16, 0, AMX_LEVEL);
+      __builtin_prefetch(m + (i * blocks + b + AMX_AHEAD) * 16, 0, AMX_LEVEL);
+    }
+    tile_load<5>(rows.part(0, 0, b), stride);
+    tile_load<6>(rows.part(1, 0, b), stride);
+    tile_load<7>(rows.part(2, 0, b), stride);
+    few_rows_group<0, 0>(q + b * 256, table, codes[0], c[0]);
+    if constexpr (G > 1) few_rows_group<1, 4>(q + (blocks + b) * 256, table, codes[1], c[1]);
+    if constexpr (G > 2) few_rows_group<2, 0>(q + (2 * blocks + b) * 256, table, codes[0], c[2]);
+    for (int i = 0; i < G; ++i) {
+      const __m512 dv = _mm512_loadu_ps(d + (i * blocks + b) * 16), mv = _mm512_loadu_ps(m + (i * blocks + b) * 16);
+      for (int64_t r = 0; r < rows.rows; ++r) {
+        const __m512 a = _mm512_fmadd_ps(dv, _mm512_load_ps(c[i] + r * 16), _mm512_load_ps(acc[i][r]));
+        _mm512_store_ps(acc[i][r], _mm512_fmadd_ps(mv, _mm512_set1_ps(rows.sums[r * blocks + b]), a));
+      }
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int64_t r = 0; r < rows.rows; ++r) _mm512_storeu_ps(p.y + r * p.n_dim + (g + i) * 16, _mm512_load_ps(acc[i][r]));
+}
+
+void groups_few_rows(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
+  uint8_t heights[8];
+  for (int t = 0; t < 8; ++t) heights[t] = uint8_t(t == 0 || t == 4 ? 16 : rows.rows);
+  configure_tiles(heights);
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
+                                         0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
+                                         0x4040, 0x4000, 0x3F80, 0x0000);  // bfloat16 of 0..15
+  int64_t g = g0;
+  for (; g + 3 <= g1; g += 3) few_rows<3>(p, rows, g, table);
+  if (g1 - g == 2) few_rows<2>(p, rows, g, table);
+  if (g1 - g == 1) few_rows<1>(p, rows, g, table);
+  _tile_release();
+}
+
 // `groups` without tiles, for few rows: the same bits, from the tile product's arithmetic as
 // measured (docs/performance.md section 54: C + (the even-position products summed in order + the
 // odd ones summed in order), each add rounded to nearest; a code times a part is exact, so an FMA
@@ -565,7 +637,7 @@ void run(ffi::ThreadPool& pool, const Problem& p, bool tiles) {
   const int64_t count = p.n_dim / 16, units = std::min<int64_t>(count, AMX_UNITS * std::max<int64_t>(1, pool.num_threads()));
   const int64_t per = (count + units - 1) / units;
   parallel_units(pool, (count + per - 1) / per, [&p, &rows, per, count, tiles](int64_t u) {
-    (tiles ? groups : groups_emulated)(p, rows, u * per, std::min(count, (u + 1) * per));
+    (!tiles ? groups_emulated : rows.rows <= AMX_FEW_ROWS ? groups_few_rows : groups)(p, rows, u * per, std::min(count, (u + 1) * per));
   });
 }
 

@@ -39,8 +39,9 @@ def test_the_tile_order_holds_the_codes_and_scales():
 
 
 @amx
-@pytest.mark.parametrize("rows,k,n", [(1, 576, 3072), (2, 64, 16), (5, 576, 960), (16, 1536, 576), (17, 96, 48),
-                                      (33, 128, 32), (64, 576, 64)])
+# (3-16 rows: `groups_few_rows`, its output groups taken 3, 2 and 1 at a time: 5 x 960, 3 x 512, 8 x 80)
+@pytest.mark.parametrize("rows,k,n", [(1, 576, 3072), (2, 64, 16), (3, 576, 512), (5, 576, 960), (8, 576, 80),
+                                      (16, 1536, 576), (17, 96, 48), (33, 128, 32), (64, 576, 64)])
 def test_tiles_and_their_emulation_give_the_same_bits(rows, k, n):
     rng = np.random.default_rng(rows * 7 + k)
     stack = random_blocks(rng, (2, n, k), "Q4_1")
