@@ -467,6 +467,20 @@ template <int C, int A, int B> inline void tile_dp() {  // C += A . B, bfloat16 
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
 }
 
+// A block's codes (256 bytes in tile order) as the B tile's bfloat16 values (1 KB): per pair-row i,
+// byte n = q[n, 2i] | q[n, 2i + 1] << 4 becomes the words (table[q[n, 2i]], table[q[n, 2i + 1]]).
+// The permute's index words are the byte's low nibble and, 16 bits up, its high one: (b | b << 12)
+// & 0x000F000F in one ternary-logic op (four shift/and/or ops before: the decode was a quarter of
+// a 4-row verify step, the ports it shares with the permute its bound).
+inline void decode_codes(const uint8_t* q, const __m512i& table, uint16_t* codes) {
+  const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+  for (int i = 0; i < 16; ++i) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i * 16)));
+    const __m512i index = _mm512_ternarylogic_epi32(bytes, _mm512_slli_epi32(bytes, 12), nibbles, 0xA8);  // (a | b) & c
+    _mm512_store_si512(codes + i * 32, _mm512_permutexvar_epi16(index, table));
+  }
+}
+
 // C tile 1 + T = row tile T's three parts . the block's codes (B tile 0), stored to c.
 template <int T>
 inline void row_tile(const Rows& rows, int64_t b, float* c) {
@@ -501,12 +515,7 @@ void groups(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
       for (int line = 0; line < 4; ++line) __builtin_prefetch(q + AMX_AHEAD * 256 + line * 64, 0, AMX_LEVEL);
       __builtin_prefetch(d + (b + AMX_AHEAD) * 16, 0, AMX_LEVEL);
       __builtin_prefetch(m + (b + AMX_AHEAD) * 16, 0, AMX_LEVEL);
-      for (int i = 0; i < 16; ++i) {  // pair-row i: byte n = q[n, 2i] | q[n, 2i + 1] << 4
-        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i * 16)));
-        const __m512i index = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(15)),
-                                              _mm512_slli_epi32(_mm512_srli_epi32(bytes, 4), 16));
-        _mm512_store_si512(codes + i * 32, _mm512_permutexvar_epi16(index, table));
-      }
+      decode_codes(q, table, codes);
       tile_load<0>(codes, 64);
       row_tile<0>(rows, b, c);
       row_tile<1>(rows, b, c + 256);
@@ -528,12 +537,7 @@ void groups(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
 template <int I, int B>
 inline void few_rows_group(const uint8_t* q, const __m512i& table, uint16_t* codes, float* c) {
   for (int line = 0; line < 4; ++line) __builtin_prefetch(q + AMX_AHEAD * 256 + line * 64, 0, AMX_LEVEL);
-  for (int i = 0; i < 16; ++i) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i * 16)));
-    const __m512i index = _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(15)),
-                                          _mm512_slli_epi32(_mm512_srli_epi32(bytes, 4), 16));
-    _mm512_store_si512(codes + i * 32, _mm512_permutexvar_epi16(index, table));
-  }
+  decode_codes(q, table, codes);
   tile_load<B>(codes, 64);
   tile_zero<1 + I>();
   tile_dp<1 + I, 5, B>();
