@@ -10,3 +10,13 @@ CACHE_DIR = Path(os.environ.get("SGL_DFLASH_CACHE", REPO_ROOT / "cache"))
 # The benchmarks' --speculative-token-map, which follows the server's flag.
 TOKEN_MAP_HELP = ("the drafter's hot-token map (JSON ids); default: the one its config.json names, if any; "
                   "'none': the whole vocabulary")
+
+
+def save_figure(fig, path: Path) -> Path:
+    """A benchmark's matplotlib figure, laid out, written to `path` (PNG at 120 dpi) and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

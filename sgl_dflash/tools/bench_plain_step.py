@@ -105,10 +105,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     ax.set_ylabel("ms per decode step (medians)")
     ax.set_title("Adaptive plain step vs NONE (pairs' median ratio above)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return tools.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -98,10 +98,7 @@ def plot(result: dict, path: Path) -> Path:
     ax.set_ylabel("ms per propose (median)")
     ax.set_title(f"Drafter propose, one sequence, {result['context']} rows of context")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return tools.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
