@@ -467,8 +467,15 @@ template <int C, int A, int B> inline void tile_dp() {  // C += A . B, bfloat16 
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
 }
 
+// The bfloat16 values of the codes 0..15 (words 0-15 of a permute table; the rest unused).
+inline __m512i code_table() {
+  return _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120,
+                          0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000);
+}
+
 // A block's codes (256 bytes in tile order) as the B tile's bfloat16 values (1 KB): per pair-row i,
-// byte n = q[n, 2i] | q[n, 2i + 1] << 4 becomes the words (table[q[n, 2i]], table[q[n, 2i + 1]]).
+// byte n = q[n, 2i] | q[n, 2i + 1] << 4 becomes the words (table[q[n, 2i]], table[q[n, 2i + 1]])
+// (table: `code_table`).
 // The permute's index words are the byte's low nibble and, 16 bits up, its high one: (b | b << 12)
 // & 0x000F000F in one ternary-logic op (four shift/and/or ops before: the decode was a quarter of
 // a 4-row verify step, the ports it shares with the permute its bound).
@@ -500,9 +507,7 @@ inline void row_tile(const Rows& rows, int64_t b, float* c) {
 // Groups of 16 outputs [g0, g1) of p's rows.
 void groups(const Problem& p, const Rows& rows, int64_t g0, int64_t g1) {
   configure_tiles();
-  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
-                                         0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
-                                         0x4040, 0x4000, 0x3F80, 0x0000);  // bfloat16 of 0..15
+  const __m512i table = code_table();
   alignas(64) uint16_t codes[512];
   alignas(64) float c[kMaxTiles * 256];
   alignas(64) float acc[kMaxTiles * 16][16];
@@ -586,9 +591,7 @@ void groups_few_rows(const Problem& p, const Rows& rows, int64_t g0, int64_t g1)
   uint8_t heights[8];
   for (int t = 0; t < 8; ++t) heights[t] = uint8_t(t == 0 || t == 4 ? 16 : rows.rows);
   configure_tiles(heights);
-  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150,
-                                         0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40E0, 0x40C0, 0x40A0, 0x4080,
-                                         0x4040, 0x4000, 0x3F80, 0x0000);  // bfloat16 of 0..15
+  const __m512i table = code_table();
   int64_t g = g0;
   for (; g + 3 <= g1; g += 3) few_rows<3>(p, rows, g, table);
   if (g1 - g == 2) few_rows<2>(p, rows, g, table);
