@@ -32,10 +32,15 @@ Cache = list[jax.Array]  # one array per draft layer
 JAX_DTYPES = {torch.float32: jnp.float32, torch.bfloat16: jnp.bfloat16, torch.float16: jnp.float16}
 
 
-def model_params(model: DFlashDraftModel) -> Params:
-    """The module's parameters and buffers as a flat {name: jax array} pytree (dtype preserved)."""
+def model_params(model: DFlashDraftModel, stacked: bool = False) -> Params:
+    """The module's parameters and buffers as a flat {name: jax array} pytree (dtype preserved).
+    `stacked`: first `model.stack_projections()`, so that the pytree holds the stacked weights and
+    not the ones they replace (a program traced on a stacked module reads only the stacks)."""
+    unused = set(model.stack_projections()) if stacked else set()
     params = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if name in unused:
+            continue
         array = tensor.detach().to("cpu", torch.float32).numpy()
         params[name] = jnp.asarray(array, dtype=JAX_DTYPES[tensor.dtype])
     return params
@@ -48,6 +53,7 @@ def bfloat16_linear_weights(model: DFlashDraftModel, params: Params, layout: Cal
     docs/performance.md section 45). `layout`: how that kernel holds a bfloat16 weight (e.g. in
     its AMX tile order; the default: as it is)."""
     linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    linear |= {name for name, _ in model.named_buffers() if name.endswith("_stack")}  # `stack_projections`'
     out = dict(params)
     for name in linear & set(params):
         weight = params[name]

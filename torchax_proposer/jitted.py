@@ -29,6 +29,7 @@ class JittedDrafter:
         self.attention = attention
         with torch.device("meta"):
             skeleton = build_draft_model(config)
+            skeleton.stack_projections()  # the proposer's params hold the stacks (`model_params(stacked=True)`)
         self.num_traces = 0
         self.draft = jax.jit(
             self._counted(functools.partial(draft_block, skeleton, block_size)),

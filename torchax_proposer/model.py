@@ -11,6 +11,11 @@ How a draft is computed (one block of B tokens per sequence):
 Full-attention layers are non-causal: every block token sees the whole context and the whole
 block. The context K/V of a row never changes once computed, so callers keep them in a cache and
 only pass the rows that are new since the last call.
+
+`stack_projections()` (the JAX proposer's) adds buffers that stack the weights of projections
+reading the same input: each layer's q/k/v and gate/up, and every layer's context k/v. The forward
+then runs one product per stack: each output is the same dot product as before, one kernel call
+instead of several (on a CPU a few-row product's call costs about as much as its bytes).
 """
 
 from __future__ import annotations
@@ -62,13 +67,20 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.register_buffer("qkv_stack", None, persistent=False)  # [q; k; v] weights (`stack_projections`)
 
-    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
-        """Roped, normed keys and values of x [batch, length, hidden]."""
-        batch, length, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
-        return apply_rope(k, cos, sin), v
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q_proj(x), k_proj(x), v_proj(x): one product where the weights are stacked."""
+        if self.qkv_stack is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.num_kv_heads * self.head_dim
+        return F.linear(x, self.qkv_stack).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
+
+    def key_value(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Roped, normed keys and values from k_proj(x), v_proj(x) [batch, length, kv_heads * head_dim]."""
+        batch, length, _ = k.shape
+        k = self.k_norm(k.view(batch, length, self.num_kv_heads, self.head_dim))
+        return apply_rope(k, cos, sin), v.view(batch, length, self.num_kv_heads, self.head_dim)
 
     def forward(
         self,
@@ -79,9 +91,9 @@ class DFlashAttention(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim))
-        q = apply_rope(q, cos, sin)
-        out = attend(q, [*context_kv, self.key_value(x, cos, sin)], mask, self.head_dim**-0.5)
+        q, k, v = self.project(x)
+        q = apply_rope(self.q_norm(q.view(batch, length, self.num_heads, self.head_dim)), cos, sin)
+        out = attend(q, [*context_kv, self.key_value(k, v, cos, sin)], mask, self.head_dim**-0.5)
         return self.o_proj(out.reshape(batch, length, self.num_heads * self.head_dim))
 
 
@@ -118,9 +130,14 @@ class DFlashMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act = ACT2FN[config.hidden_act]
+        self.register_buffer("gate_up_stack", None, persistent=False)  # [gate; up] weights (`stack_projections`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_stack is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, self.gate_up_stack).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -161,7 +178,37 @@ class DFlashDraftModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(config.num_context_features, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.register_buffer("context_kv_stack", None, persistent=False)  # every layer's [k; v] weights
         self.reset_rope()
+
+    def stack_projections(self) -> list[str]:
+        """Stacks the weights of the projections that read the same input into buffers (named
+        `*_stack`), which the forward then uses: each layer's [q; k; v] (without biases only) and
+        [gate; up], and [k_0; v_0; k_1; v_1; ..] for the context rows, which every layer projects.
+        Returns the names of the weights the forward no longer reads (a JAX caller leaves them out
+        of its params pytree)."""
+        unused = []
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            mlp.gate_up_stack = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            unused += [f"layers.{i}.mlp.gate_proj.weight", f"layers.{i}.mlp.up_proj.weight"]
+            if not self.config.attention_bias:
+                attn.qkv_stack = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+                unused += [f"layers.{i}.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj")]
+        if not self.config.attention_bias:
+            attns = [layer.self_attn for layer in self.layers]
+            self.context_kv_stack = torch.cat([w for a in attns for w in (a.k_proj.weight, a.v_proj.weight)]).detach()
+        return unused
+
+    def context_key_values(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[KV]:
+        """Per layer, the roped, normed keys and the values of the context rows ctx [n, C, hidden]."""
+        attns = [layer.self_attn for layer in self.layers]
+        if self.context_kv_stack is None:
+            raw = [(a.k_proj(ctx), a.v_proj(ctx)) for a in attns]
+        else:
+            parts = F.linear(ctx, self.context_kv_stack).chunk(2 * len(attns), dim=-1)
+            raw = list(zip(parts[0::2], parts[1::2]))
+        return [a.key_value(k, v, cos, sin) for a, (k, v) in zip(attns, raw)]
 
     def reset_rope(self) -> None:
         """(Re)computes the RoPE buffers (not part of checkpoints). Buffers, not Python floats, so
@@ -233,7 +280,7 @@ class DFlashDraftModel(nn.Module):
         """
         ctx = self.hidden_norm(self.fc(context_features))
         ctx_cos, ctx_sin = self.rope(context_positions, ctx.dtype)
-        new_kv = [layer.self_attn.key_value(ctx, ctx_cos, ctx_sin) for layer in self.layers]
+        new_kv = self.context_key_values(ctx, ctx_cos, ctx_sin)
         if noise_embedding is None:
             return None, new_kv
 

@@ -92,7 +92,7 @@ class DFlashProposer:
         if token_map is not None:
             self.token_map = jnp.asarray(self.config.check_token_map(token_map), jnp.int32)
             self.lm_head = self.lm_head[self.token_map]
-        self.params = model_params(self.model)
+        self.params = model_params(self.model, stacked=True)  # one product per stack of projections
         self.k_cache, self.v_cache = init_draft_cache(self.model, max_num_seqs, max_context_len, self.dtype)
 
         # Pending rows after a commit are at most one block; one bucket keeps steady state at one shape.

@@ -48,7 +48,7 @@ def test_readme_engine_example_runs(monkeypatch, capsys):
     # Its narrow draft steps read the target's Q8_0 head blocks and the bf16 checkpoint's projections as bfloat16.
     proposer = namespace["engine"].scheduler.worker.proposer
     assert type(proposer.narrow_head).__name__ == "BlockWeights" and proposer.narrow_head.codes.shape[0] == 8192
-    assert str(proposer.narrow_params["layers.0.mlp.gate_proj.weight"].dtype) == "bfloat16"
-    assert str(proposer.params["layers.0.mlp.gate_proj.weight"].dtype) == "float32"
+    assert str(proposer.narrow_params["layers.0.mlp.gate_up_stack"].dtype) == "bfloat16"
+    assert str(proposer.params["layers.0.mlp.gate_up_stack"].dtype) == "float32"
     printed = capsys.readouterr().out.split()
     assert len(printed) > 3 and float(printed[-1]) > 1.0  # an answer, then its accept length

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
+from jax_backend import cpu_kernels
 from tests.tiny_checkpoints import make_tiny_target
 from tests.tiny_draft import make_tiny_draft, single_torch_thread  # noqa: F401
 from torchax_proposer import load_draft_model
@@ -69,6 +72,46 @@ def test_eager_equals_torchax_jit(drafter):
     for (k, v), (jk, jv) in zip(new_kv, jax_new_kv):
         np.testing.assert_allclose(np.asarray(jk), k.numpy(), atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(jv), v.numpy(), atol=1e-5, rtol=0)
+
+
+def test_stacked_projections_are_one_product_each_with_the_same_outputs(drafter):
+    """`stack_projections`: each layer's q/k/v and gate/up, and every layer's context k/v, run as
+    one product each: the same outputs (the kernel's bits: each output is the same dot product),
+    fewer kernel calls, and the params hold the stacks instead of the weights they replace."""
+    assert cpu_kernels.available()
+    inputs, _, _ = padded_inputs(drafter, seed=2)
+    stacked = copy.deepcopy(drafter)
+    params = {"plain": model_params(drafter), "stacked": model_params(stacked, stacked=True)}
+    layers = len(drafter.layers)
+    assert set(params["plain"]) - set(params["stacked"]) == {
+        f"layers.{i}.{name}.weight" for i in range(layers)
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")}
+    assert set(params["stacked"]) - set(params["plain"]) == {"context_kv_stack"} | {
+        f"layers.{i}.{name}" for i in range(layers) for name in ("self_attn.qkv_stack", "mlp.gate_up_stack")}
+    with torch.inference_mode():  # torch eager: stacked or not, the same outputs
+        (hidden, new_kv), (s_hidden, s_new_kv) = drafter(**inputs), stacked(**inputs)
+    np.testing.assert_allclose(s_hidden.numpy(), hidden.numpy(), atol=1e-5, rtol=0)
+    for (k, v), (sk, sv) in zip(new_kv, s_new_kv):
+        np.testing.assert_allclose(sk.numpy(), k.numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(sv.numpy(), v.numpy(), atol=1e-5, rtol=0)
+    as_jax = jax.tree_util.tree_map(lambda t: jnp.asarray(t.numpy()), inputs)
+    outputs, calls = {}, {}
+    for name, model in (("plain", drafter), ("stacked", stacked)):
+        calls[name] = 0
+
+        def kernel(x, w, name=name):
+            calls[name] += 1
+            return cpu_kernels.rows_matmul(x, w)
+
+        def forward(p, kwargs, model=model, kernel=kernel):
+            with cpu_lowering.few_row_matmul(kernel):
+                return call_model(model, p, **kwargs)
+
+        outputs[name] = jax.jit(forward)(params[name], as_jax)
+    # fc, 2 context k/v per layer, then q, k, v, o, gate, up, down per layer; stacked: 1 + 1 + 4 per layer
+    assert calls == {"plain": 1 + 2 * layers + 7 * layers, "stacked": 2 + 4 * layers}
+    for a, b in zip(jax.tree.leaves(outputs["plain"]), jax.tree.leaves(outputs["stacked"])):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
 
 
 def test_padded_batch_equals_each_sequence_alone(drafter):

@@ -54,7 +54,8 @@ def test_a_bfloat16_drafter_drafts_the_same_bits_from_half_the_bytes(bf16_draft)
                                        few_row_matmul=reading(kind))
     proposers = {kind: make(kind) for kind in seen}
     narrow = [name for name, w in proposers["bf16"].narrow_params.items() if w.dtype == jnp.bfloat16]
-    assert "fc.weight" in narrow and "layers.1.mlp.down_proj.weight" in narrow and len(narrow) == 1 + 2 * 7
+    # fc, every layer's context k/v stack, and per layer the q/k/v stack, o, the gate/up stack and down
+    assert "fc.weight" in narrow and "layers.1.mlp.down_proj.weight" in narrow and len(narrow) == 2 + 2 * 4
     assert all(w.dtype == jnp.float32 for name, w in proposers["bf16"].narrow_params.items() if "norm" in name)
     assert all(w.dtype == jnp.float32 for w in proposers["bf16"].params.values())  # wide steps, ingest
     without_kernel = DFlashProposer(bf16_draft, target_embed=embed, target_lm_head=lm_head, target_config=TARGET,
@@ -198,8 +199,8 @@ def test_bf16_weights_in_tile_order_draft_as_float32_does_at_every_row_count(bf1
     tiles = make(few_row_matmul=tiled, narrow_layout=cpu_kernels.bf16_tile_order)
     f32 = make(few_row_matmul=lambda x, w: cpu_kernels.rows_matmul(x, w.astype(jnp.float32)))
     assert tiles.narrow_rows == 64 and f32.narrow_rows == 16
-    w = tiles.narrow_params["layers.0.mlp.gate_proj.weight"]
-    assert w.dtype == jnp.bfloat16 and not jnp.array_equal(w, tiles.params["layers.0.mlp.gate_proj.weight"].astype(jnp.bfloat16))
+    w = tiles.narrow_params["layers.0.mlp.gate_up_stack"]
+    assert w.dtype == jnp.bfloat16 and not jnp.array_equal(w, tiles.params["layers.0.mlp.gate_up_stack"].astype(jnp.bfloat16))
     prompt = rng.standard_normal((20, 128)).astype(np.float32)
     for seq in range(4):
         for p in (tiles, f32):
