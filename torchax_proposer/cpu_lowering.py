@@ -22,6 +22,7 @@ FEW_ROWS = 64
 _LOWERING = threading.RLock()
 _MATMUL: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("few_row_matmul", default=None)
 _ATTENTION: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("cpu_attention", default=None)
+_CACHE_ATTENTION: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("cache_attention", default=None)
 
 
 @contextlib.contextmanager
@@ -47,6 +48,19 @@ def cpu_attention(attention: Callable | None) -> Iterator[None]:
         yield
     finally:
         _ATTENTION.reset(token)
+
+
+@contextlib.contextmanager
+def cache_attention(attention: Callable | None) -> Iterator[None]:
+    """A draft traced inside attends over the drafter's cache in place through attention(query,
+    k_cache, v_cache, slots, lens, k_block, v_block, scale=) (a CPU kernel the caller chooses,
+    e.g. `jax_backend.cpu_kernels.cache_attention`), where its layers allow it
+    (`jax_drafter.draft_hidden`). None: the cached window is gathered next to the block."""
+    token = _CACHE_ATTENTION.set(attention)
+    try:
+        yield
+    finally:
+        _CACHE_ATTENTION.reset(token)
 
 
 def _few_row_linear(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torchax.interop import jax_view, torch_view
 
-from .cpu_lowering import _MATMUL, lowering
+from .cpu_lowering import _CACHE_ATTENTION, _MATMUL, lowering
 from .model import DFlashDraftModel
 
 Params = dict[str, jax.Array]
@@ -168,7 +168,8 @@ def draft_block(
 
     pending [max_num_seqs, C, n_aux*H]: the pending pool; pending[slots[i]] holds the context rows
     of sequence i not yet in its cache (first new_lens[i] real);
-    cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens + new_lens);
+    cache_lens[i]: rows already in its cache slot slots[i]; read_len >= max(cache_lens + new_lens)
+    (unused where the draft reads the cache in place, `reads_cache_in_place`);
     pending_rows >= max(new_lens): the pool rows the step reads (default all C).
     The block [bonus, MASK x (B-1)] sits at positions L .. L+B-1, L = cache_len + new_len.
     Returns (draft tokens [n, B-1] int32, logits [n, B-1, V] float32, confidence [n, B-1]: each
@@ -278,11 +279,16 @@ def draft_hidden(
     mask_ids = jnp.full((batch, block_size - 1), model.mask_token_id, jnp.int32)
     block_ids = jnp.concatenate([bonus_tokens[:, None].astype(jnp.int32), mask_ids], axis=1)
 
-    # The module's [n, T, kv_heads, D] view of each head-major window (no copy: its attention
-    # transposes back).
-    past_kv = [(k[slots, :, :read_len].swapaxes(1, 2), v[slots, :, :read_len].swapaxes(1, 2))
-               for k, v in zip(k_cache, v_cache)]
-    key_valid = jnp.arange(read_len)[None, :] < committed[:, None]
+    attention = _cached_attention(model, k_cache, v_cache, slots, committed)
+    if attention is None:
+        # The module's [n, T, kv_heads, D] view of each head-major window (no copy: its attention
+        # transposes back).
+        past_kv = [(k[slots, :, :read_len].swapaxes(1, 2), v[slots, :, :read_len].swapaxes(1, 2))
+                   for k, v in zip(k_cache, v_cache)]
+        key_valid = jnp.arange(read_len)[None, :] < committed[:, None]
+    else:  # the kernel reads each layer's cache in place: no window
+        empty = jnp.zeros((batch, 0, *k_cache[0].shape[1::2]), dtype)
+        past_kv, key_valid = [(empty, empty) for _ in k_cache], jnp.zeros((batch, 0), jnp.bool_)
     no_rows = jnp.zeros((batch, 0, features.shape[2]), dtype)  # every context row is in past_kv
     with lowering():
         noise = model.embed_block(torch_view(block_ids), torch_view(embed.astype(dtype)))
@@ -295,8 +301,43 @@ def draft_hidden(
         block_positions=block_positions,
         past_kv=past_kv,
         key_valid=key_valid,
+        attention=attention,
     )
     return hidden, k_cache, v_cache
+
+
+def reads_cache_in_place(config, dtype, kernel: Callable | None) -> bool:
+    """Whether a draft with this cache dtype and `cpu_lowering.cache_attention` kernel attends over
+    the cache in place (then `read_len` goes unused: no window is gathered)."""
+    full = all(kind == (False, None) for kind in config.layer_attention)
+    return kernel is not None and full and dtype == jnp.float32 and config.head_dim in (64, 128)
+
+
+def _cached_attention(model: DFlashDraftModel, k_cache: Cache, v_cache: Cache, slots, committed) -> Callable | None:
+    """The module's `attention` through `cpu_lowering.cache_attention`'s kernel, reading layer i's
+    cache rows 0 .. committed[j] - 1 of slot slots[j] in place, then the block: where a kernel is
+    set and every layer is full, non-causal attention over float32 heads of 64 or 128 (a window
+    the program gathered next to the block cost a copy per layer, K and V, growing with the
+    context: docs/performance.md section 59). Else None (`attend` over the gathered window)."""
+    kernel = _CACHE_ATTENTION.get()
+    if not reads_cache_in_place(model.config, k_cache[0].dtype, kernel):
+        return None
+
+    # Called by the module with JAX arrays (`call_model` hands it over through torch_view). The
+    # queries folded as `model.attend` folds them: each kv head's query groups as its rows.
+    def attention(module, q, segments, mask, scale):
+        (past, _), (new, _), (k, v) = segments  # past and new context rows: empty placeholders
+        if past.shape[1] or new.shape[1]:
+            raise ValueError("cache attention: the context rows must all be in the cache")
+        n, length, heads, dim = q.shape
+        kv_heads = k.shape[2]
+        groups = heads // kv_heads
+        folded = q.reshape(n, length, kv_heads, groups, dim).transpose(0, 2, 3, 1, 4).reshape(n, kv_heads, -1, dim)
+        i = module.layer_idx
+        out = kernel(folded, k_cache[i], v_cache[i], slots, committed, k.swapaxes(1, 2), v.swapaxes(1, 2), scale=scale)
+        return out.reshape(n, kv_heads, groups, length, dim).transpose(0, 3, 1, 2, 4).reshape(q.shape)
+
+    return attention
 
 
 def next_power_of_two(n: int) -> int:

@@ -10,7 +10,7 @@ import torch
 from .config import DFlashConfig
 from .dflash2 import build_draft_model
 from .dflash2_jax import draft_path
-from .cpu_lowering import cpu_attention, few_row_matmul
+from .cpu_lowering import cache_attention, cpu_attention, few_row_matmul
 from .jax_drafter import draft_block, draft_greedy, extend_cache, flush_pending, write_pending
 
 
@@ -21,12 +21,14 @@ class JittedDrafter:
     pytree, so one instance serves every proposer whose drafter has the same config (see
     `jitted_drafter`), and compiled programs are shared between them. `matmul`: the few-row
     projections' CPU kernel, or None (`cpu_lowering.few_row_matmul`); `attention`: the attention's
-    (`cpu_lowering.cpu_attention`); `greedy`: a greedy head kernel for `draft_greedy`, or None.
+    (`cpu_lowering.cpu_attention`); `cached`: a draft's attention over the cache in place
+    (`cpu_lowering.cache_attention`); `greedy`: a greedy head kernel for `draft_greedy`, or None.
     """
 
-    def __init__(self, config: DFlashConfig, block_size: int, matmul=None, attention=None, greedy=None):
+    def __init__(self, config: DFlashConfig, block_size: int, matmul=None, attention=None, greedy=None, cached=None):
         self.matmul = matmul
         self.attention = attention
+        self.cached = cached
         with torch.device("meta"):
             skeleton = build_draft_model(config)
             skeleton.stack_projections()  # the proposer's params hold the stacks (`model_params(stacked=True)`)
@@ -61,14 +63,15 @@ class JittedDrafter:
         @functools.wraps(fn)
         def traced(*args, **kwargs):
             self.num_traces += 1
-            with few_row_matmul(self.matmul), cpu_attention(self.attention):
+            with few_row_matmul(self.matmul), cpu_attention(self.attention), cache_attention(self.cached):
                 return fn(*args, **kwargs)
 
         return traced
 
 
 @functools.lru_cache(maxsize=16)
-def jitted_drafter(config: DFlashConfig, block_size: int, matmul=None, attention=None, greedy=None) -> JittedDrafter:
+def jitted_drafter(config: DFlashConfig, block_size: int, matmul=None, attention=None, greedy=None,
+                   cached=None) -> JittedDrafter:
     """The shared `JittedDrafter` for a drafter config (DFlashConfig compares structure only)."""
-    return JittedDrafter(config, block_size, matmul, attention, greedy)
+    return JittedDrafter(config, block_size, matmul, attention, greedy, cached)
 

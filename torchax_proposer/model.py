@@ -55,8 +55,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, config: DFlashConfig):
+    def __init__(self, config: DFlashConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -89,11 +90,16 @@ class DFlashAttention(nn.Module):
         sin: torch.Tensor,
         context_kv: list[KV],
         mask: torch.Tensor | None,
+        attention=None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         q, k, v = self.project(x)
         q = apply_rope(self.q_norm(q.view(batch, length, self.num_heads, self.head_dim)), cos, sin)
-        out = attend(q, [*context_kv, self.key_value(k, v, cos, sin)], mask, self.head_dim**-0.5)
+        segments = [*context_kv, self.key_value(k, v, cos, sin)]
+        if attention is None:
+            out = attend(q, segments, mask, self.head_dim**-0.5)
+        else:  # a caller's attention (`DFlashDraftModel.forward`)
+            out = attention(self, q, segments, mask, self.head_dim**-0.5)
         return self.o_proj(out.reshape(batch, length, self.num_heads * self.head_dim))
 
 
@@ -141,10 +147,10 @@ class DFlashMLP(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
-    def __init__(self, config: DFlashConfig):
+    def __init__(self, config: DFlashConfig, layer_idx: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DFlashAttention(config)
+        self.self_attn = DFlashAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DFlashMLP(config)
         # DFlash 2 sets both to a `GroupedDynamicCausalConv` (torchax_proposer/dflash2.py).
@@ -152,10 +158,11 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp_conv: nn.Module | None = None
 
     def forward(
-        self, h, cos, sin, context_kv: list[KV], mask: torch.Tensor | None, block_len: int | None = None
+        self, h, cos, sin, context_kv: list[KV], mask: torch.Tensor | None, block_len: int | None = None,
+        attention=None,
     ) -> torch.Tensor:
-        attention = lambda x: self.self_attn(x, cos, sin, context_kv, mask)  # noqa: E731
-        h = h + _around(self.attention_conv, attention, self.input_layernorm(h), block_len)
+        sublayer = lambda x: self.self_attn(x, cos, sin, context_kv, mask, attention)  # noqa: E731
+        h = h + _around(self.attention_conv, sublayer, self.input_layernorm(h), block_len)
         return h + _around(self.mlp_conv, self.mlp, self.post_attention_layernorm(h), block_len)
 
 
@@ -174,7 +181,7 @@ class DFlashDraftModel(nn.Module):
     def __init__(self, config: DFlashConfig):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(config.num_context_features, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -259,6 +266,7 @@ class DFlashDraftModel(nn.Module):
         key_valid: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         block_len: int | None = None,
+        attention=None,
     ) -> tuple[torch.Tensor | None, list[KV]]:
         """One drafter pass.
 
@@ -275,6 +283,11 @@ class DFlashDraftModel(nn.Module):
                                             seeing only its own context prefix and its own block
         block_len         length of each block packed in a row of noise_embedding (None: the row
                                             is one block); DFlash 2's convolutions stop at block edges
+        attention         None: `attend`; else attention(module, q, segments, mask, scale) in its
+                                            place, per layer (module: the layer's DFlashAttention,
+                                            its `layer_idx`), e.g. a kernel that reads the past keys
+                                            from a cache the caller holds (then `past_kv` may be
+                                            empty placeholders)
 
         Returns (final-normed hidden states [n, B, H] or None, per layer (K, V) of the new rows).
         """
@@ -293,8 +306,8 @@ class DFlashDraftModel(nn.Module):
 
         h = noise_embedding
         cos, sin = self.rope(block_positions, h.dtype)
-        for layer, kv, attention in zip(self.layers, context_kv, self.config.layer_attention):
-            h = layer(h, cos, sin, kv, masks.get(*attention), block_len)
+        for layer, kv, kind in zip(self.layers, context_kv, self.config.layer_attention):
+            h = layer(h, cos, sin, kv, masks.get(*kind), block_len, attention)
         return self.norm(h), new_kv
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from .config import DrafterStateError
 from .cpu_lowering import FEW_ROWS
 from .jax_drafter import (JAX_DTYPES, NARROW_ROWS, DraftPath, as_numpy, bfloat16_linear_weights, draft_weights, init_draft_cache,
-                          model_params, next_power_of_two, replicated_over)
+                          model_params, next_power_of_two, reads_cache_in_place, replicated_over)
 from .jitted import jitted_drafter
 from .loader import load_draft_model, torch_dtype
 
@@ -63,10 +63,10 @@ class DFlashProposer:
                  max_num_seqs: int, max_context_len: int, block_size: int | None = None, dtype: str = "float32",
                  token_map: Sequence[int] | None = None, few_row_matmul: Callable | None = None,
                  kernel_lm_head: Any = None, cpu_attention: Callable | None = None, greedy_head: Any = None,
-                 narrow_layout: Callable | None = None):
+                 narrow_layout: Callable | None = None, cache_attention: Callable | None = None):
         self.model = load_draft_model(draft_dir, target_config, dtype)
         self._matmul = few_row_matmul  # a CPU kernel for few-row projections (`cpu_lowering.few_row_matmul`)
-        self._attention = cpu_attention  # a CPU kernel for the attention (`cpu_lowering.cpu_attention`)
+        self._attention = cpu_attention, cache_attention  # CPU kernels (`cpu_lowering.cpu_attention`, `.cache_attention`)
         self.config = self.model.config
         self.block_size = int(self.config.block_size if block_size is None else block_size)
         if self.block_size < 2:
@@ -80,6 +80,7 @@ class DFlashProposer:
         self.num_features = self.config.num_context_features
 
         self.dtype = JAX_DTYPES[torch_dtype(dtype)]
+        self._in_place = reads_cache_in_place(self.config, self.dtype, cache_attention)  # no window: one draft program per shape
         shape = (self.config.vocab_size, self.config.hidden_size)
         for name, array in (("target_embed", target_embed), ("target_lm_head", target_lm_head)):
             if tuple(array.shape) != shape:
@@ -163,13 +164,13 @@ class DFlashProposer:
         return [(rows(k), rows(v)) for k, v in zip(self.k_cache, self.v_cache)]
 
     def num_compilations(self) -> int:
-        """Programs compiled so far by the jitted drafter functions (shared by proposers whose
-        drafters have the same config)."""
+        """Programs compiled so far by the jitted drafter functions (shared by same-config proposers)."""
         return sum(self._jitted(b).num_traces for b in self._blocks_used)
 
     def _jitted(self, block: int):
         greedy = None if self._greedy is None else self._greedy[0]
-        return jitted_drafter(self.config, block, self._matmul, self._attention, greedy)
+        dense, cached = self._attention
+        return jitted_drafter(self.config, block, self._matmul, dense, greedy, cached)
 
     def _draft_jit(self, block_size: int | None):
         """The jitted drafter of a `block_size` draft block (default: the proposer's; shorter: fewer drafts)."""
@@ -348,9 +349,9 @@ class DFlashProposer:
         slots = np.array([s.slot for s in states] + [0] * pad, np.int32)
         cache_lens = np.array([s.cache_len for s in states] + [0] * pad, np.int32)
         new_lens = np.array([s.num_pending for s in states] + [0] * pad, np.int32)
-        statics = dict(read_len=self.read_len(seq_ids), pending_rows=self.draft_pending_rows)
-        # new_lens, cache_lens, slots as host arrays: the jitted call's dispatch copies them, far cheaper than device_put
-        inputs = (self.pending, new_lens, cache_lens, slots, np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)]))
+        statics = dict(read_len=0 if self._in_place else self.read_len(seq_ids), pending_rows=self.draft_pending_rows)
+        inputs = (self.pending, new_lens, cache_lens, slots,  # host arrays: the dispatch copies them, cheaper than device_put
+                  np.concatenate([bonus.astype(np.int32), np.zeros(pad, np.int32)]))
         return states, inputs, statics
 
     def read_len(self, seq_ids: Sequence[Any]) -> int:
@@ -383,8 +384,7 @@ class DFlashProposer:
             raise DrafterStateError(f"sequence {seq_id!r}: got {shape[0]} feature rows, expected {expected}")
 
     def _flush(self, states: list[_SeqState]) -> None:
-        """Moves the pending rows of `states` into their caches in one call (batch padded to a
-        power of two; padding rows write only the trash row)."""
+        """Moves the pending rows of `states` into their caches in one call (padding rows write the trash row)."""
         if not states:
             return
         pad = next_power_of_two(len(states)) - len(states)

@@ -53,6 +53,7 @@ BLOCKS_TARGET = "sgl_dflash_rows_matmul_blocks"
 BF16_TARGET = "sgl_dflash_rows_matmul_bf16"
 RAGGED_TARGET = "sgl_dflash_ragged_attention"
 DENSE_TARGET = "sgl_dflash_dense_attention"
+CACHE_TARGET = "sgl_dflash_cache_attention"
 GREEDY_TARGET = "sgl_dflash_greedy_head"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp-simd")
 ENV_OFF = "SGL_DFLASH_CPU_KERNELS"
@@ -117,7 +118,8 @@ def available() -> bool:
         return False
     try:
         library = ctypes.CDLL(str(build()))
-        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET, DENSE_TARGET, GREEDY_TARGET):
+        for target in (TARGET, MATMUL_TARGET, BLOCKS_TARGET, BF16_TARGET, RAGGED_TARGET, DENSE_TARGET, CACHE_TARGET,
+                       GREEDY_TARGET):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         logger.warning("CPU kernels unavailable, using XLA's attention and matmuls: %s", e)
@@ -188,6 +190,17 @@ def dense_attention(query, key, value, attn_mask=None, *, scale: float | None = 
     mask = jnp.broadcast_to(mask, (n, 1, mask.shape[2], keys))
     call = jax.ffi.ffi_call(DENSE_TARGET, jax.ShapeDtypeStruct(query.shape, jnp.float32))
     return call(query, key, value, mask, sm_scale=np.float32(dim**-0.5 if scale is None else scale))
+
+
+def cache_attention(query, k_cache, v_cache, slots, lens, k_block, v_block, *, scale: float | None = None):
+    """`dense_attention` of query [N, H, R, D] over each sequence's cached keys and then its block's,
+    the cache read in place: k_cache / v_cache [S, H, T, D] (head-major), sequence n's keys rows
+    0 .. lens[n] - 1 of slot slots[n], then every row of k_block / v_block [N, H, B, D]. The same
+    bits as `dense_attention` over those rows gathered and concatenated (a mask allowing them),
+    without gathering them. Float32, head size 64 or 128; call `available()` first."""
+    call = jax.ffi.ffi_call(CACHE_TARGET, jax.ShapeDtypeStruct(query.shape, jnp.float32))
+    return call(query, k_cache, v_cache, jnp.asarray(slots, jnp.int32), jnp.asarray(lens, jnp.int32), k_block, v_block,
+                sm_scale=np.float32(query.shape[-1] ** -0.5 if scale is None else scale))
 
 
 def rows_matmul(x, w, layer=None, bf16_tiled: bool = False):

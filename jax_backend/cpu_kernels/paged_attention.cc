@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -500,6 +501,42 @@ struct Dense {
   float scale, mask_value;
 };
 
+// Rows [first, first + count) of one (sequence, head): q and out point at its row 0. They attend to
+// `total` keys, key t's K and V rows at key(t).first / key(t).second, with the paged kernels'
+// online softmax over blocks of kKeyBlock keys; no key: NaN (torch's softmax over none).
+template <int DV, class Key>
+void attend_listed(const float* q, float* out, int64_t dim, int64_t first, int64_t count, int64_t total, Key key,
+                   float scale, float mask_value, Scratch& w) {
+  if (total == 0) {
+    std::fill(out + first * dim, out + (first + count) * dim, std::nanf(""));
+    return;
+  }
+  w.m.assign(count, mask_value);
+  w.l.assign(count, 0.0f);
+  const TiledRows<DV> tiled(w, count, dim, w.m.data(), w.l.data(), [&](int64_t r) { return q + (first + r) * dim; },
+                            [&](int64_t r) {
+                              float* o = out + (first + r) * dim;
+                              std::fill(o, o + dim, 0.0f);
+                              return o;
+                            });
+  for (int64_t start = 0; start < total; start += kKeyBlock) {
+    const int64_t size = std::min(kKeyBlock, total - start);
+    for (int64_t t = 0; t < size; ++t) {
+      const auto [k, v] = key(start + t);
+      w.kv[t] = k;
+      w.values[t] = v;
+    }
+    pad_keys(w, size);
+    std::fill(w.visible.begin(), w.visible.begin() + count, size);
+    tiled.block(w, size, scale, mask_value, dim);
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    float* o = out + (first + r) * dim;
+    const float inv = 1.0f / w.l[r];
+    for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
+  }
+}
+
 // Rows [first, first + count) of (sequence n, head h), all of them reading mask row `mask_row`.
 template <int DV>
 void attend_dense(const Dense& p, int64_t n, int64_t h, int64_t first, int64_t count, int64_t mask_row,
@@ -509,35 +546,10 @@ void attend_dense(const Dense& p, int64_t n, int64_t h, int64_t first, int64_t c
   allowed.clear();
   for (int64_t t = 0; t < p.keys; ++t)
     if (mask[t]) allowed.push_back(static_cast<int32_t>(t));
-  if (allowed.empty()) {
-    std::fill(p.out + (unit + first) * dim, p.out + (unit + first + count) * dim, std::nanf(""));
-    return;
-  }
-  w.m.assign(count, p.mask_value);
-  w.l.assign(count, 0.0f);
-  const TiledRows<DV> tiled(w, count, dim, w.m.data(), w.l.data(), [&](int64_t r) { return p.q + (unit + first + r) * dim; },
-                            [&](int64_t r) {
-                              float* o = p.out + (unit + first + r) * dim;
-                              std::fill(o, o + dim, 0.0f);
-                              return o;
-                            });
   const float *keys = p.k + (n * p.heads + h) * p.keys * dim, *values = p.v + (n * p.heads + h) * p.keys * dim;
-  const int64_t total = static_cast<int64_t>(allowed.size());
-  for (int64_t start = 0; start < total; start += kKeyBlock) {
-    const int64_t size = std::min(kKeyBlock, total - start);
-    for (int64_t t = 0; t < size; ++t) {
-      w.kv[t] = keys + allowed[start + t] * dim;
-      w.values[t] = values + allowed[start + t] * dim;
-    }
-    pad_keys(w, size);
-    std::fill(w.visible.begin(), w.visible.begin() + count, size);
-    tiled.block(w, size, p.scale, p.mask_value, dim);
-  }
-  for (int64_t r = 0; r < count; ++r) {
-    float* o = p.out + (unit + first + r) * dim;
-    const float inv = 1.0f / w.l[r];
-    for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
-  }
+  attend_listed<DV>(p.q + unit * dim, p.out + unit * dim, dim, first, count, static_cast<int64_t>(allowed.size()),
+                    [&](int64_t t) { return std::pair{keys + allowed[t] * dim, values + allowed[t] * dim}; }, p.scale,
+                    p.mask_value, w);
 }
 
 ffi::Error DenseAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
@@ -564,6 +576,49 @@ ffi::Error DenseAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
                    problem.dim == 64 ? attend_dense<4>(problem, n, h, first, count, mask_row, scratch, allowed)
                                      : attend_dense<8>(problem, n, h, first, count, mask_row, scratch, allowed);
                  });
+  return ffi::Error::Success();
+}
+
+// The drafter's attention over its own cache, read in place: q [N, H, R, D]; k_cache / v_cache
+// [S, H, T, D] (head-major: a head's cached rows lie contiguous); sequence n attends to rows
+// 0 .. lens[n] - 1 of slot slots[n], then to every row of its block k_block / v_block [N, H, B, D];
+// out [N, H, R, D]. The same keys in the same order as `DenseAttention` over the window gathered
+// next to the block with a mask allowing those rows, so the same bits, without the window's copy.
+ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_cache,
+                          ffi::Buffer<ffi::F32> v_cache, ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::S32> lens,
+                          ffi::Buffer<ffi::F32> k_block, ffi::Buffer<ffi::F32> v_block, float sm_scale,
+                          ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions();
+  auto cd = k_cache.dimensions();
+  auto bd = k_block.dimensions();
+  const bool shapes = qd.size() == 4 && cd.size() == 4 && bd.size() == 4 && v_cache.dimensions().size() == 4 &&
+                      v_block.dimensions().size() == 4 && (qd[3] == 64 || qd[3] == 128) && cd[1] == qd[1] &&
+                      cd[3] == qd[3] && bd[0] == qd[0] && bd[1] == qd[1] && bd[3] == qd[3] &&
+                      slots.element_count() == qd[0] && lens.element_count() == qd[0];
+  if (!shapes || v_cache.dimensions()[0] != cd[0] || v_cache.dimensions()[2] != cd[2] || v_block.dimensions()[2] != bd[2])
+    return ffi::Error::InvalidArgument("cache_attention: incompatible shapes (head size 64 or 128)");
+  const int64_t seqs = qd[0], heads = qd[1], rows = qd[2], dim = qd[3], cached = cd[2], block = bd[2];
+  const int32_t *slot = slots.typed_data(), *len = lens.typed_data();
+  for (int64_t n = 0; n < seqs; ++n)
+    if (slot[n] < 0 || slot[n] >= cd[0] || len[n] < 0 || len[n] > cached)
+      return ffi::Error::InvalidArgument("cache_attention: a slot or length outside the cache");
+  const float *qp = q.typed_data(), *kc = k_cache.typed_data(), *vc = v_cache.typed_data();
+  const float *kb = k_block.typed_data(), *vb = v_block.typed_data();
+  float* op = out->typed_data();
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  parallel_units(pool, seqs * heads * chunks, [&, scratch = Scratch{}](int64_t u) mutable {
+    const int64_t n = u / (heads * chunks), h = u / chunks % heads, first = u % chunks * kChunkRows;
+    const int64_t count = std::min(kChunkRows, rows - first), past = len[n];
+    const int64_t cache_at = (slot[n] * heads + h) * cached * dim, block_at = (n * heads + h) * block * dim;
+    auto key = [&](int64_t t) {
+      return t < past ? std::pair{kc + cache_at + t * dim, vc + cache_at + t * dim}
+                      : std::pair{kb + block_at + (t - past) * dim, vb + block_at + (t - past) * dim};
+    };
+    const float* qu = qp + (n * heads + h) * rows * dim;
+    float* ou = op + (n * heads + h) * rows * dim;
+    dim == 64 ? attend_listed<4>(qu, ou, dim, first, count, past + block, key, sm_scale, -1e30f, scratch)
+              : attend_listed<8>(qu, ou, dim, first, count, past + block, key, sm_scale, -1e30f, scratch);
+  });
   return ffi::Error::Success();
 }
 
@@ -605,5 +660,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_dense_attention, DenseAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Attr<float>("sm_scale")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_cache_attention, CacheAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("sm_scale")
                                   .Ret<ffi::Buffer<ffi::F32>>());

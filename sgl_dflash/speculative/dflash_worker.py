@@ -170,6 +170,7 @@ class DFlashWorker:
             few_row_matmul=functools.partial(cpu_kernels.rows_matmul, bf16_tiled=tiles) if self.runner.cpu_matmul else None,
             kernel_lm_head=self.runner.params.get("blocks", {}).get("lm_head"),  # its GGUF blocks, if any
             cpu_attention=cpu_kernels.dense_attention if self.runner.cpu_attention else None,  # the target's setting
+            cache_attention=cpu_kernels.cache_attention if self.runner.cpu_attention else None,  # the cache in place
             greedy_head=greedy_head.for_drafter(self.runner.params, token_map),  # greedy drafts: the target's, if it has one
             narrow_layout=cpu_kernels.bf16_tile_order if tiles else None,
         )

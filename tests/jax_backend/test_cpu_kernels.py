@@ -263,6 +263,30 @@ def test_dense_attention_is_torchs_sdpa(n, heads, rows, keys, dim, mask_rows):
     np.testing.assert_allclose(np.asarray(out), _sdpa(q, k, v, mask, 0.2), atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads, rows, block, dim", [(3, 12, 4, 64), (2, 24, 8, 128)])
+def test_cache_attention_is_dense_attention_over_the_gathered_window_bit_for_bit(heads, rows, block, dim):
+    """The drafter's attention over its cache in place: each sequence's cached rows 0 .. len - 1
+    of its slot, then its block, the same keys in the same order as `dense_attention` over the
+    window gathered next to the block with a mask: the same bits (lengths 0, past one key block,
+    the whole cache; two sequences in one slot)."""
+    assert cpu_kernels.available()
+    rng = np.random.default_rng(rows)
+    slots_total, cached, n = 5, 300, 4
+    k_cache, v_cache = (rng.standard_normal((slots_total, heads, cached, dim)).astype(np.float32) for _ in range(2))
+    k_block, v_block = (rng.standard_normal((n, heads, block, dim)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((n, heads, rows, dim)).astype(np.float32)
+    slots, lens = np.array([4, 0, 2, 4], np.int32), np.array([131, 0, 300, 7], np.int32)
+    got = jax.jit(functools.partial(cpu_kernels.cache_attention, scale=0.3))(q, k_cache, v_cache, slots, lens, k_block, v_block)
+    keys = np.concatenate([k_cache[slots], k_block], 2)
+    values = np.concatenate([v_cache[slots], v_block], 2)
+    mask = np.concatenate([np.arange(cached)[None] < lens[:, None], np.ones((n, block), bool)], 1)[:, None, None, :]
+    want = cpu_kernels.dense_attention(q, keys, values, mask, scale=0.3)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(got), _sdpa(q, keys, values, mask, 0.3), atol=2e-6, rtol=1e-5)
+    with pytest.raises(Exception, match="a slot or length outside the cache"):
+        np.asarray(cpu_kernels.cache_attention(q, k_cache, v_cache, slots, lens + 1, k_block, v_block))
+
+
 def test_dense_attention_rows_that_see_nothing_are_nan_and_bad_masks_are_refused():
     assert cpu_kernels.available()
     q = np.ones((1, 1, 3, 64), np.float32)

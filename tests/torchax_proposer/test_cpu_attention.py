@@ -1,7 +1,8 @@
 """The drafter's attention through the CPU kernel (`DFlashProposer(cpu_attention=)`,
 `cpu_lowering.cpu_attention`): the same drafts as XLA's attention, logits within float32 rounding
 of it and of the eager torch drafter, in narrow and wide steps, for every block the proposer
-drafts."""
+drafts; and through the kernel that reads the drafter's cache in place
+(`DFlashProposer(cache_attention=)`): the same bits as the gathered window's."""
 
 from __future__ import annotations
 
@@ -65,3 +66,46 @@ def test_the_kernel_attention_drafts_what_xla_drafts(draft_dir, num_seqs):
         eager.commit(ids, accepted.tolist(), [torch.from_numpy(x) for x in new])  # it drafts block 8 only
     # Every block's program: query rows = groups (2) x block, one call per draft layer.
     assert {shape[2] for shape in calls} == {16, 8, 4} and len(calls) == 2 * 3
+
+
+@pytest.mark.parametrize("num_seqs", [1, 3])
+def test_attention_over_the_cache_in_place_drafts_the_same_bits(draft_dir, num_seqs):
+    """`cache_attention`: a draft attends over each layer's cache in place instead of a window the
+    program gathers next to the block; the same drafts and logits bit for bit, commit after
+    commit, and no window is gathered (the dense kernel is no longer called by a draft), so the
+    context crossing a window size (256 rows here) compiles no new draft program."""
+    assert cpu_kernels.available()
+    rng = np.random.default_rng(10 + num_seqs)
+    embed, lm_head = (0.1 * rng.standard_normal((2, 256, 64))).astype(np.float32)
+    calls = {"dense": 0, "cache": 0}
+
+    def counted(name, kernel):
+        def call(*args, **kwargs):
+            calls[name] += 1  # at trace time: once per compiled program and layer
+            return kernel(*args, **kwargs)
+        return call
+
+    make = lambda **kw: DFlashProposer(draft_dir, target_embed=embed, target_lm_head=lm_head,  # noqa: E731
+                                       target_config=TARGET, max_num_seqs=4, max_context_len=400,
+                                       few_row_matmul=cpu_kernels.rows_matmul, **kw)
+    in_place = make(cpu_attention=counted("dense", cpu_kernels.dense_attention),
+                    cache_attention=counted("cache", cpu_kernels.cache_attention))
+    window = make(cpu_attention=cpu_kernels.dense_attention)
+    ids = list(range(num_seqs))
+    for i in ids:
+        prompt = rng.standard_normal((245 + 3 * i, 128)).astype(np.float32)
+        for p in (in_place, window):
+            p.add(i, jax.device_put(prompt))
+    for block in [8, 4, 8, 2, 8]:
+        bonus = rng.integers(0, 256, num_seqs)
+        tokens, logits = in_place.propose(ids, bonus, return_logits=True, block_size=block)
+        want_tokens, want_logits = window.propose(ids, bonus, return_logits=True, block_size=block)
+        np.testing.assert_array_equal(tokens, want_tokens)
+        np.testing.assert_array_equal(logits, want_logits)
+        accepted = np.full(num_seqs, block - 1)
+        new = [rng.standard_normal((int(a) + 1, 128)).astype(np.float32) for a in accepted]
+        for p in (in_place, window):
+            p.commit(ids, accepted, [jax.device_put(x) for x in new])
+    assert min(in_place.committed_len(i) for i in ids) > 256  # the gathered window grew to 400 rows
+    assert calls["dense"] == 0 and calls["cache"] == 2 * 3  # two layers, one program per block (8, 4, 2)
+    assert window.num_compilations() > in_place.num_compilations()
