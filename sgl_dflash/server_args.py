@@ -54,6 +54,11 @@ class ServerArgs:
     # Adaptive DFLASH compiles every verify shape and draft program its policy can choose before
     # serving (speculative/precompile.py). SGLang-JAX's flag; $SGL_DFLASH_DISABLE_PRECOMPILE=1 too.
     disable_precompile: bool = dataclasses.field(default_factory=lambda: _precompile_disabled_by_env())
+    # Python's garbage collector (managers/gc_control.py): a server freezes the objects startup
+    # built out of its full passes, unless disabled (an in-process Engine only on freeze_gc());
+    # SGLang's flag logs passes longer than this many seconds (0: none).
+    disable_gc_freeze: bool = False
+    gc_warning_threshold_secs: float = 0.0
     # Scale-out (docs/scale.md), SGLang's flags: tensor parallel = the target's params and KV pages
     # sharded over tp_size devices (jax_backend/sharding.py); data parallel = dp_size servers behind
     # sglang-router (launch_server only: sgl_dflash/entrypoints/data_parallel.py).
@@ -130,6 +135,9 @@ class ServerArgs:
             or not 0 < self.request_timeout < float("inf")
         ):
             raise ServerArgsError(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout!r}")
+        threshold = self.gc_warning_threshold_secs
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < float("inf"):
+            raise ServerArgsError(f"--gc-warning-threshold-secs must be a number of seconds >= 0, got {threshold!r}")
         max_positions = int(target.get("max_position_embeddings") or 0)
         if self.context_length is None:
             self.context_length = max_positions or self.max_total_tokens
@@ -242,6 +250,11 @@ class ServerArgs:
         add("--disable-precompile", action="store_true", default=_precompile_disabled_by_env(),
             help="with --speculative-adaptive: compile programs when first met instead of sweeping them at "
                  "startup (a shorter startup, stalls while serving)")
+        add("--disable-gc-freeze", action="store_true",
+            help="leave Python's garbage collector as it is; by default the server freezes the objects startup "
+                 "built (~1.5M) out of its full passes once it is ready (docs/server.md)")
+        add("--gc-warning-threshold-secs", type=float, default=d["gc_warning_threshold_secs"].default,
+            help="log a warning for every garbage collection longer than this many seconds (0: never)")
         add("--compilation-cache-dir", default=None,
             help="JAX's persistent compilation cache: compiled programs are kept here and loaded by later "
                  "runs (default: $SGL_DFLASH_COMPILATION_CACHE_DIR, else ~/.cache/sgl_dflash/"

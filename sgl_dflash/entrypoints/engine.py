@@ -132,6 +132,12 @@ class Engine:
     def flush_cache(self) -> bool:
         return self.scheduler.flush_cache()
 
+    def freeze_gc(self) -> int:
+        """Moves every Python object alive now out of the garbage collector's full passes (SGLang's
+        freeze_gc; the engine already froze what startup built unless `disable_gc_freeze`).
+        Returns the number of frozen objects."""
+        return self.scheduler.freeze_gc()
+
     def shutdown(self) -> None:
         for req in list(self.scheduler.waiting) + list(self.scheduler.running):
             self.scheduler.abort_request(req.rid)

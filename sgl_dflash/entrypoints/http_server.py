@@ -151,6 +151,11 @@ def create_app(tokenizer_manager: TokenizerManager) -> FastAPI:
             return Response(content="Cache flushed.\n", status_code=200)
         return error_response("Cache not flushed: requests are running or waiting.", 400)
 
+    @app.post("/freeze_gc")
+    async def freeze_gc() -> Response:
+        frozen = await tm.freeze_gc()
+        return Response(content=f"Froze {frozen} Python objects out of garbage collection.\n", status_code=200)
+
     @app.post("/abort_request", openapi_extra=json_body(AbortReqInput))
     async def abort_request(request: Request) -> Response:
         body = await parse_body(request, AbortReqInput)

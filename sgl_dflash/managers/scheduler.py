@@ -27,6 +27,7 @@ from typing import Any
 
 from sgl_dflash import compilation_cache
 from sgl_dflash.errors import InvalidRequestError
+from sgl_dflash.managers import gc_control
 from sgl_dflash.managers.detokenizer_manager import IncrementalDetokenizer
 from sgl_dflash.managers.schedule_batch import Req, ScheduleBatch
 from sgl_dflash.model_executor.forward_batch_info import ForwardMode, GenerationBatchResult, TokenScores
@@ -63,6 +64,7 @@ class Scheduler:
         self._free_slots = list(range(server_args.max_running_requests))[::-1]
         self._lock = threading.RLock()
         self.stats = collections.Counter()
+        gc_control.warn_on_long_passes(server_args.gc_warning_threshold_secs)
 
     # -- requests in and out --------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -258,6 +260,10 @@ class Scheduler:
         """No prefix cache is kept, so there is nothing to drop; like SGLang, only when idle."""
         with self._lock:
             return not (self.waiting or self.running)
+
+    def freeze_gc(self) -> int:
+        """SGLang's /freeze_gc: every object alive now leaves the collector's reach (gc_control)."""
+        return gc_control.freeze("freeze_gc")
 
     def get_stats(self) -> dict[str, Any]:
         with self._lock:

@@ -58,6 +58,8 @@ class TokenizerManager:
         self.served_model_name = self.server_args.served_model_name or self.model_path
         self.metrics = ServerMetrics(self.served_model_name)
         self.latest_stats: dict[str, Any] = self.scheduler.get_stats()
+        if not self.server_args.disable_gc_freeze:  # a server's startup objects live as long as it does
+            self.scheduler.freeze_gc()
         self.startup_time = time.time()
 
         self._inbox: collections.deque[Callable[[], None]] = collections.deque()
@@ -368,6 +370,9 @@ class TokenizerManager:
 
     async def flush_cache(self) -> bool:
         return await self._call(self.scheduler.flush_cache)
+
+    async def freeze_gc(self) -> int:
+        return await self._call(self.scheduler.freeze_gc)
 
     def get_internal_state(self) -> dict[str, Any]:
         return dict(self.latest_stats)

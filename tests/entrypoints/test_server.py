@@ -191,6 +191,18 @@ def test_model_and_server_info(url, model_dir):
     assert requests.post(url + "/flush_cache", headers=AUTH, timeout=10).status_code == 200
 
 
+def test_freeze_gc_moves_what_is_alive_out_of_garbage_collection(url):
+    """SGLang's /freeze_gc: the server froze what startup built; a call freezes what lives now."""
+    import gc
+
+    started = gc.get_freeze_count()  # the server runs in this process
+    assert started > 0
+    garbage = [[] for _ in range(1000)]  # alive objects the freeze takes along
+    reply = requests.post(url + "/freeze_gc", headers=AUTH, timeout=60)
+    assert reply.status_code == 200 and "Froze" in reply.text
+    assert gc.get_freeze_count() >= started + len(garbage)
+
+
 # -- load: concurrency, disconnects, KV budget --------------------------------------------
 def sse_events(response):
     assert response.status_code == 200, response.text
