@@ -134,8 +134,8 @@ class Engine:
 
     def freeze_gc(self) -> int:
         """Moves every Python object alive now out of the garbage collector's full passes (SGLang's
-        freeze_gc; the engine already froze what startup built unless `disable_gc_freeze`).
-        Returns the number of frozen objects."""
+        freeze_gc). An in-process Engine does not freeze by default (a server does, unless
+        `disable_gc_freeze`; docs/server.md). Returns the number of frozen objects."""
         return self.scheduler.freeze_gc()
 
     def shutdown(self) -> None:

@@ -2,7 +2,7 @@
 
 A started engine holds ~1.5 million Python objects (JAX, torch and transformers, the models'
 modules, the compiled programs' wrappers), and nearly all of them live as long as the process.
-Python's full collection (generation 2) walks every tracked object: 0.4-0.6 s on a 2-core CPU,
+Python's full collection (generation 2) walks every tracked object: 0.62 s on a 2-core CPU,
 landing on whichever step happens to allocate when it is due. `freeze` moves what exists to the
 permanent generation, so later full passes walk only what serving allocated since
 (docs/server.md, "Garbage collection"). A server (`TokenizerManager`) freezes once its scheduler
