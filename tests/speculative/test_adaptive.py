@@ -158,6 +158,27 @@ def test_requests_join_without_drafter_context_where_drafts_do_not_pay(adaptive_
     assert not worker.drafting and not worker.policy.requests and not worker.proposer._seqs
 
 
+def test_steps_without_drafter_context_are_nones_steps_timed_once_in_eight(adaptive_engine, none_engine, monkeypatch):
+    """A batch none of whose requests has drafter context runs NONE's decode step with a counter's
+    upkeep; only every `PLAIN_READ_EVERY`-th step (the first included) checks for compiles and is
+    timed for the cost model (that upkeep on every step cost ~0.3 ms of a ~9.5 ms step at one
+    request). Output stays NONE's."""
+    worker = adaptive_engine.scheduler.worker
+    monkeypatch.setattr(worker.policy, "drafts_may_pay", lambda n: False)
+    monkeypatch.setattr(adaptive_worker, "MEASURED_EVERY", 1 << 30)
+    monkeypatch.setattr(worker, "_none_steps", -1)
+    counts = {"observe": 0, "compiled": 0, "compilations": 0, "decode": 0}
+    for name in ("observe", "compiled"):
+        monkeypatch.setattr(worker.policy.cost, name, _counting(getattr(worker.policy.cost, name), counts, name))
+    monkeypatch.setattr(worker, "compilations", _counting(worker.compilations, counts, "compilations"))
+    target = worker.target_worker
+    monkeypatch.setattr(target, "forward_decode", _counting(target.forward_decode, counts, "decode"))
+    greedy_equals_none(adaptive_engine, none_engine, seed=17, count=3, max_new_tokens=30)
+    timed = -(-counts["decode"] // adaptive_worker.PLAIN_READ_EVERY)
+    assert counts["decode"] == 29 and not worker.drafting  # every decode step NONE's, no context
+    assert counts["observe"] + counts["compiled"] == timed == 4 and counts["compilations"] == 2 * timed
+
+
 def test_a_plain_steps_host_work_runs_while_the_device_steps(adaptive_engine, none_engine, spec_prompts, monkeypatch):
     """A step that verifies no draft knows its outcome (nothing accepted) before the target's
     step ends: the drafter's commit and the policy's learning are dispatched before its tokens
