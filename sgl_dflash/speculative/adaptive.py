@@ -29,7 +29,7 @@ plain when the plain step's cost was last measured `refresh_every` steps ago. Ev
 `explore_every`-th step, shapes and draft blocks not measured recently look cheaper than
 predicted (`explore_discount`), so a choice that may be better gets measured; a program never
 compiled also carries a share of its compile time. At a load where drafts may not pay even for a
-typical request (`drafts_may_pay`; before evidence, by the drafter's held-out acceptance), a
+typical request (`drafts_may_pay`; before evidence, by the drafter's recorded acceptance), a
 joining request gets no drafter context (NONE's steps).
 Where steps with drafter context already ran at a load, what they realized decides instead
 (`realized.RealizedGains`): below what context costs, joining requests get none and the running
@@ -176,7 +176,7 @@ class AdaptivePolicy:
         self.probe_slack = probe_slack
         # `drafts_may_pay`: context where a typical request's drafts clear a drafted step's bar
         # (1 + `min_gain`; at 1.0 batches of 8 got it, drafted 0-7% of steps, lost 2-6%); before
-        # `admit_evidence` drafts were read, by the drafter's held-out acceptance [P] (or None).
+        # `admit_evidence` drafts were read, by the drafter's recorded acceptance [P] (or None).
         self.admit_ratio, self.admit_evidence, self.prior_acceptance = admit_ratio, admit_evidence, prior_acceptance
         # What drafter context costs a step, as a fraction of its tokens: adaptive with no
         # drafting ran at 0.95-0.98x NONE (docs/adaptive.md, 2026-11-27 night).
@@ -262,8 +262,8 @@ class AdaptivePolicy:
     def drafts_may_pay(self, n: int) -> bool:
         """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
         a drafted allocation at `admit_ratio` x the plain rate or better. Until `admit_evidence`
-        first drafts were read (`Calibrator.drafts_seen`) the drafter's held-out acceptance
-        (`prior_acceptance`) stands in, and without one the answer is yes (a first batch of 32 got
+        first drafts were read (`Calibrator.drafts_seen`) the drafter's recorded acceptance
+        (`prior_acceptance`: on unseen prompts, else held-out; DFlashConfig) stands in, and without one the answer is yes (a first batch of 32 got
         context for nothing: ~5% of NONE's time, docs/adaptive.md 2026-12-06). Where not, a joining
         request gets no drafter context (ingest, commits, probes: ~3% of NONE's step for nothing),
         but every 64th. Where 256 request-steps with context ran at this load, what they realized

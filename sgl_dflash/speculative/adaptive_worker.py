@@ -73,7 +73,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
     def __init__(self, server_args: Any):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1,
-                                     prior_acceptance=self.proposer.config.held_out_acceptance(self.block_size))
+                                     prior_acceptance=self.proposer.config.prior_acceptance(self.block_size))
         self.admitted = 0  # requests prefilled
         self.measuring: set[int] = set()  # slots given context only to keep measuring (`MEASURED_EVERY`)
         self._none_steps = -1  # steps without drafter context (`_none_step`): the first is timed

@@ -406,12 +406,13 @@ def test_adaptive_sampling_matches_target_distribution(lengths, config, adaptive
 
 def test_admission_is_priced_at_the_joining_requests_context_with_the_drafters_prior(adaptive_engine, monkeypatch):
     """A joining request's admission reads the cost model at the context it decodes at (what is
-    compiled there, not wherever the last step left it). Before evidence the drafter's held-out
-    acceptance prices it, where its config.json records one (this drafter, trained without a
-    held-out split, has none: the rule is yes until evidence, tests/speculative/test_adaptive_policy.py;
-    the shipped one's record: tests/torchax_proposer/test_held_out_acceptance.py)."""
+    compiled there, not wherever the last step left it). Before evidence the drafter's recorded
+    acceptance prices it (`DFlashConfig.prior_acceptance`: on unseen prompts, else held-out), where
+    its config.json records one (this drafter, trained without a held-out split, has none: the rule
+    is yes until evidence, tests/speculative/test_adaptive_policy.py; the shipped one's record:
+    tests/torchax_proposer/test_held_out_acceptance.py)."""
     worker = adaptive_engine.scheduler.worker
-    assert worker.proposer.config.held_out_acceptance(worker.block_size) is None
+    assert worker.proposer.config.prior_acceptance(worker.block_size) is None
     assert worker.policy.prior_acceptance is None
     cost, priced = worker.policy.cost, []
     monkeypatch.setattr(worker.policy, "drafts_may_pay", lambda n: priced.append((cost.width, cost.draft_window)) or True)

@@ -1,5 +1,6 @@
-"""`DFlashConfig.held_out_acceptance`: the drafter's measured per-position acceptance, read from
-the held-out evaluation its training wrote into config.json (the adaptive policy's prior)."""
+"""`DFlashConfig.held_out_acceptance` / `prior_acceptance`: the drafter's measured per-position
+acceptance, read from the evaluations recorded in its config.json (the adaptive policy's prior):
+training's held-out responses, and unseen benchmark prompts (tools/unseen_acceptance.py)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,22 @@ def test_a_zero_rate_gives_zero_after_it(shipped):
     config = with_training(shipped, lambda raw: raw["training"]["held_out"]["B8"].update(
         accept_rate_per_position=[0.5, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0]))
     np.testing.assert_array_equal(config.held_out_acceptance(8), [0.5, 0.5, 0, 0, 0, 0, 0])
+
+
+def test_the_prior_prefers_acceptance_on_unseen_prompts(shipped):
+    """`prior_acceptance`: `training.unseen` (benchmark prompts the drafter never trained on,
+    written by sgl_dflash.tools.unseen_acceptance) where recorded, read as `held_out` is read;
+    else the held-out responses' acceptance."""
+    # The shipped drafter's record: its acceptance on unseen prompts is below its held-out one.
+    unseen = shipped.raw["training"]["unseen"]["B8"]["accept_rate_per_position"]
+    np.testing.assert_allclose(np.cumprod(shipped.prior_acceptance(8)), unseen, rtol=1e-12)
+    assert np.all(np.asarray(unseen) < shipped.raw["training"]["held_out"]["B8"]["accept_rate_per_position"])
+    rates = [0.6, 0.3, 0.15, 0.0, 0.0, 0.0, 0.0]
+    config = with_training(shipped, lambda raw: raw["training"].update(unseen={"B8": {"accept_rate_per_position": rates}}))
+    np.testing.assert_allclose(config.prior_acceptance(8), [0.6, 0.5, 0.5, 0, 0, 0, 0])
+    np.testing.assert_array_equal(config.prior_acceptance(16), np.pad(config.prior_acceptance(8), (0, 8)))
+    np.testing.assert_array_equal(config.held_out_acceptance(8), shipped.held_out_acceptance(8))  # untouched
+    only_held_out = with_training(shipped, lambda raw: raw["training"].pop("unseen", None))
+    np.testing.assert_array_equal(only_held_out.prior_acceptance(8), shipped.held_out_acceptance(8))
+    rising = with_training(shipped, lambda raw: raw["training"].update(unseen={"B8": {"accept_rate_per_position": [0.1, 0.5]}}))
+    np.testing.assert_array_equal(rising.prior_acceptance(8), shipped.held_out_acceptance(8))  # unusable: held-out
