@@ -87,6 +87,17 @@ class DFlashConfig:
         """Width of the context features the drafter consumes: one hidden state per target layer."""
         return len(self.target_layer_ids) * self.hidden_size
 
+    def prior_acceptance(self, block_size: int) -> np.ndarray | None:
+        """What a request's drafts are taken to accept before any was read (the adaptive policy's
+        prior): `unseen_acceptance` where the config records it, else `held_out_acceptance`."""
+        unseen = self.unseen_acceptance(block_size)
+        return unseen if unseen is not None else self.held_out_acceptance(block_size)
+
+    def unseen_acceptance(self, block_size: int) -> np.ndarray | None:
+        """As `held_out_acceptance`, from `training.unseen`: greedy drafts on benchmark prompts the
+        drafter never trained on (`python -m sgl_dflash.tools.unseen_acceptance --write`)."""
+        return self._measured_acceptance("unseen", block_size)
+
     def held_out_acceptance(self, block_size: int) -> np.ndarray | None:
         """[block_size - 1] the drafter's measured acceptance of draft i given that the drafts
         before it passed, from the held-out evaluation its training wrote into config.json
@@ -94,8 +105,11 @@ class DFlashConfig:
         accepted at least i drafts) at the largest block b <= `block_size` measured; positions past
         it count as never accepted (none was measured there). None where the checkpoint has no such
         list (a z-lab one) or what it has is not one."""
+        return self._measured_acceptance("held_out", block_size)
+
+    def _measured_acceptance(self, section: str, block_size: int) -> np.ndarray | None:
         training = self.raw.get("training")
-        held_out = training.get("held_out") if isinstance(training, dict) else None
+        held_out = training.get(section) if isinstance(training, dict) else None
         keys = held_out if isinstance(held_out, dict) else {}
         blocks = [int(k[1:]) for k in keys if k[:1] == "B" and k[1:].isdigit()]
         measured = max((b for b in blocks if 2 <= b <= block_size), default=None)
