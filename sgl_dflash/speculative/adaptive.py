@@ -263,11 +263,12 @@ class AdaptivePolicy:
         """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
         a drafted allocation at `admit_ratio` x the plain rate or better. Until `admit_evidence`
         first drafts were read (`Calibrator.drafts_seen`) the drafter's recorded acceptance
-        (`prior_acceptance`: on unseen prompts, else held-out; DFlashConfig) stands in, and without one the answer is yes (a first batch of 32 got
-        context for nothing: ~5% of NONE's time, docs/adaptive.md 2026-12-06). Where not, a joining
-        request gets no drafter context (ingest, commits, probes: ~3% of NONE's step for nothing),
-        but every 64th. Where 256 request-steps with context ran at this load, what they realized
-        decides instead (`context_lost`)."""
+        (`prior_acceptance`: `DFlashConfig.prior_acceptance`, on unseen prompts) stands in, and
+        without one the answer is yes (a first batch of 32 got context for nothing: ~5% of NONE's
+        time, docs/adaptive.md 2026-12-06). Where not, a joining request gets no drafter context
+        (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where 256
+        request-steps with context ran at this load, what they realized decides instead
+        (`context_lost`)."""
         if self.realized.context_gain(n) is not None:
             return not self.context_lost(n)
         if self.calibrator.drafts_seen(GREEDY) >= self.admit_evidence:

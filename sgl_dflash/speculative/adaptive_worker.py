@@ -55,8 +55,8 @@ MEASURED_EVERY = 64
 # up to 2 sequences it is 10 of the 47 shapes at B=8 (a first startup 594 s against 466, with 4
 # 756 s), and beyond a few requests this CPU serves plain steps anyway.
 TUNED_VERIFY_SEQS = 2
-# A step without drafter context is timed for the cost model once in this many (the first of a
-# run of them included); the others are NONE's steps with a counter's upkeep.
+# A step without drafter context is timed for the cost model once in this many (the engine's
+# first such step included); the others are NONE's steps with a counter's upkeep.
 PLAIN_READ_EVERY = 8
 
 
