@@ -130,14 +130,9 @@ class ServerArgs:
         self._check_parallel(target)
         _require_int(self.port, "--port", minimum=0)
         _require_int(self.max_request_body_bytes, "--max-request-body-bytes", minimum=1)
-        if self.request_timeout is not None and (
-            isinstance(self.request_timeout, bool) or not isinstance(self.request_timeout, (int, float))
-            or not 0 < self.request_timeout < float("inf")
-        ):
-            raise ServerArgsError(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout!r}")
-        threshold = self.gc_warning_threshold_secs
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < float("inf"):
-            raise ServerArgsError(f"--gc-warning-threshold-secs must be a number of seconds >= 0, got {threshold!r}")
+        if self.request_timeout is not None:
+            _require_seconds(self.request_timeout, "--request-timeout", zero_allowed=False)
+        _require_seconds(self.gc_warning_threshold_secs, "--gc-warning-threshold-secs", zero_allowed=True)
         max_positions = int(target.get("max_position_embeddings") or 0)
         if self.context_length is None:
             self.context_length = max_positions or self.max_total_tokens
@@ -288,4 +283,10 @@ def _precompile_disabled_by_env() -> bool:
 def _require_int(value: Any, flag: str, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ServerArgsError(f"{flag} must be an integer >= {minimum}, got {value!r}")
+
+
+def _require_seconds(value: Any, flag: str, *, zero_allowed: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 <= value if zero_allowed else 0 < value) or value == float("inf"):
+        raise ServerArgsError(f"{flag} must be a number of seconds {'>=' if zero_allowed else '>'} 0, got {value!r}")
 

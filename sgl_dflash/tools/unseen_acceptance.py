@@ -21,6 +21,7 @@ accepted at least i drafts), which `DFlashConfig.prior_acceptance` prefers.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 from pathlib import Path
 
@@ -45,8 +46,7 @@ def end_rows(count: int) -> dict[str, list[str]]:
     """`count` prompts taken in turn from SOURCES, each source's from its last rows."""
     from sgl_dflash.tools import datasets
 
-    per_source = {name: SOURCES[: count % len(SOURCES)].count(name) + SOURCES.count(name) * (count // len(SOURCES))
-                  for name in dict.fromkeys(SOURCES)}
+    per_source = collections.Counter(SOURCES[i % len(SOURCES)] for i in range(count))
     prompts = {}
     for name, n in per_source.items():
         rows = datasets.load_benchmark(name)
