@@ -3,8 +3,9 @@ requantized to int8 with one scale per output, laid out as AMX tiles, with what 
 bound how far its approximate logits can be from the exact ones.
 
 A greedy step needs only each row's argmax; the kernel finds it from these tiles (int8 products on
-an AMX core, ~32x the float32 FMA rate) and computes exactly only the few logits that may be the
-largest, so the tokens are those of the float32 logits (docs/performance.md sections 51-52). The
+an AMX core, ~32x the float32 FMA rate; with AVX-512 VNNI, whose registers take a tile's 64-byte
+rows as they lie, ~4x) and computes exactly only the few logits that may be the largest, so the
+tokens are those of the float32 logits (docs/performance.md sections 51-52, 60). The
 copy costs a quarter of the float32 head's bytes (SmolLM2: 28 MB, as many as its GGUF Q8_0 blocks).
 """
 
@@ -36,9 +37,10 @@ def fits(w_shape: tuple[int, ...]) -> bool:
 def attach(params: dict, option: bool | None, cpu_matmul: bool) -> dict:
     """params with a "greedy_head" (`pack` of params["lm_head"]) where a runner's greedy steps take
     their tokens from the kernel (`final_tokens`): `option` None (the default) where the matmul
-    kernel runs, the CPU runs AMX tiles and the head has their shape; True wherever the matmul
-    kernel runs and the head has the shape (without AMX the kernel's approximation runs as plain
-    float code: slow, for tests); False never."""
+    kernel runs, the kernel's sums run on AMX tiles or with AVX-512 VNNI
+    (`cpu_kernels.greedy_head_fast`) and the head has their shape; True wherever the matmul kernel
+    runs and the head has the shape (with neither, the kernel's approximation runs as plain code:
+    slow, for tests); False never."""
     from jax_backend import cpu_kernels
 
     lm_head = params["lm_head"]
@@ -46,7 +48,7 @@ def attach(params: dict, option: bool | None, cpu_matmul: bool) -> dict:
     if option and not applies:
         raise ValueError(f"greedy_head=True needs the CPU matmul kernel and a float32 lm_head of shape "
                          f"[V % 16 == 0, K % 64 == 0], got {lm_head.dtype} {lm_head.shape}")
-    if not applies or option is False or (option is None and not cpu_kernels.amx_available()):
+    if not applies or option is False or (option is None and not cpu_kernels.greedy_head_fast()):
         return params
     return {**params, "greedy_head": pack(lm_head)}
 

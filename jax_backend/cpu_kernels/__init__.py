@@ -146,6 +146,19 @@ def amx_available() -> bool:
 
 
 @functools.cache
+def vnni_available() -> bool:
+    """Whether the greedy head's int32 sums can run with AVX-512 VNNI here (AMD Zen 4, Intel Ice
+    Lake on: the kernels are built with it); AMX tiles go first where they run."""
+    return available() and bool(_library[0].sgl_dflash_greedy_head_vnni())
+
+
+def greedy_head_fast() -> bool:
+    """Whether the greedy head's int32 sums run on AMX tiles or with AVX-512 VNNI here, not as plain
+    code (`greedy_head.attach`'s default)."""
+    return amx_available() or vnni_available()
+
+
+@functools.cache
 def amx_products() -> bool:
     """Whether Q4_1 products can run on AMX tiles here (`blocks.TiledQ4`: float32-accurate, not the
     FMA kernel's bits): built with AMX-BF16, granted, SGL_DFLASH_AMX not 0."""
@@ -256,11 +269,13 @@ def rows_matmul_blocks(x, blocks, layer=None, tiled_path: str = "auto"):
                 tiled=np.int32(TILED_PATHS[tiled_path] if isinstance(blocks, TiledQ4) else 0))
 
 
-def greedy_tokens(x, w, head, amx: bool = True):
+def greedy_tokens(x, w, head, fast: bool = True):
     """int32 [R]: argmax over v of `rows_matmul(x, w)` [R, V] (the same bits, so the same tokens:
     the first maximum, the first NaN in a row with one), for x float32 [R <= 64, K] and the
-    weights w float32 [V, K] with their `greedy_head.GreedyHead` (its int8 tiles). `amx`
-    False, or no AMX here: the approximation's int32 sums run as plain code (slow; for tests). Call
-    `available()` first."""
+    weights w float32 [V, K] with their `greedy_head.GreedyHead` (its int8 tiles). The
+    approximation's int32 sums run on AMX tiles (`amx_available()`), else with AVX-512 VNNI
+    (`greedy_head_fast()`), else as plain code (slow); `fast` False: as plain code (for tests).
+    Call `available()` first."""
+    sums = (2 if _amx_allowed() else 1) if fast else 0
     call = jax.ffi.ffi_call(GREEDY_TARGET, jax.ShapeDtypeStruct((x.shape[0],), jnp.int32))
-    return call(x, w, head.packed, head.scale, head.row_max, head.row_err, amx=np.int32(bool(amx)))
+    return call(x, w, head.packed, head.scale, head.row_max, head.row_err, sums=np.int32(sums))

@@ -21,9 +21,9 @@
 //
 // Inputs: x [R, K] f32, w [V, K] f32 (the exact weights), packed [V/16, K/64, 1024] s8 (q as AMX
 // B tiles: tile (g, c) row i, bytes 4n .. 4n + 3 hold q[16g + n, 64c + 4i .. 64c + 4i + 3]),
-// scale, row_max, row_err [V] f32 (D_v, max_i |w_vi|, E_v). Output tokens [R] s32. Attribute `amx`:
-// 0 computes step 1's int32 sums with plain code instead (the same sums: for CPUs without AMX and
-// tests).
+// scale, row_max, row_err [V] f32 (D_v, max_i |w_vi|, E_v). Output tokens [R] s32. Attribute `sums`,
+// how step 1's int32 sums are computed (the same sums each way): 2 on AMX tiles where this process
+// runs them, else as 1; 1 with AVX-512 VNNI where built with it, else as 0; 0 with plain code.
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -238,6 +239,77 @@ constexpr bool kHasAmx = false;
 // Whether this process may run AMX tiles: built with them, and Linux grants the tile state.
 bool amx_ready() { return kHasAmx && amx_permission(); }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+constexpr bool kHasVnni = true;
+
+// Step 1 with AVX-512 VNNI (no AMX: AMD Zen 4, Intel Ice Lake on): vpdpbusd multiplies unsigned by
+// signed bytes, four at a time, into int32 lanes. A weight tile's 64-byte row is one register: 16
+// outputs x the same 4 k, so each k quad of a row part is broadcast against it. The parts are
+// biased to unsigned (u = p + 128), and 128 * sum_k q[n, k] is taken off after: the same exact int32
+// sums as the tiles' (at most 255 * 127 * K in a lane: no overflow below K = 66,000).
+struct BiasedRows {
+  int64_t quads;               // K / 4 words per row
+  std::vector<int32_t> words;  // [2][rows][quads]: part p of row r, k quad j as four u8, little-endian
+
+  BiasedRows(const Rows& rows, bool build) : quads(rows.k_dim / 4), words(build ? 2 * rows.rows * quads : 0) {
+    for (int p = 0; p < 2 && build; ++p) {
+      const int8_t* part = (p ? rows.lo : rows.hi).data();
+      uint8_t* out = reinterpret_cast<uint8_t*>(words.data() + p * rows.rows * quads);
+      for (int64_t i = 0; i < rows.rows * rows.k_dim; ++i) out[i] = uint8_t(part[i]) ^ 0x80;  // p + 128
+    }
+  }
+};
+
+// RB rows' sums of both parts for one group (its tiles' rows are `quads` 64-byte rows in k order).
+template <int RB>
+inline void vnni_rows(const int32_t* hi, const int32_t* lo, int64_t quads, const int8_t* group, __m512i bias,
+                      int32_t* c_hi, int32_t* c_lo) {
+  __m512i h[RB], l[RB];
+  for (int r = 0; r < RB; ++r) h[r] = l[r] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < quads; ++j) {
+    const __m512i w = _mm512_loadu_si512(group + j * 64);
+    for (int r = 0; r < RB; ++r) {
+      h[r] = _mm512_dpbusd_epi32(h[r], _mm512_set1_epi32(hi[r * quads + j]), w);
+      l[r] = _mm512_dpbusd_epi32(l[r], _mm512_set1_epi32(lo[r * quads + j]), w);
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+    _mm512_storeu_si512(c_hi + r * kGroup, _mm512_sub_epi32(h[r], bias));
+    _mm512_storeu_si512(c_lo + r * kGroup, _mm512_sub_epi32(l[r], bias));
+  }
+}
+
+// Step 1 for one group of 16 outputs: the exact int32 sums [rows, 16] of each part, eight rows at a
+// time (the group's 9 KB of weights come from L1 after the first eight).
+void sums_vnni(const BiasedRows& biased, int64_t rows, const int8_t* group, int32_t* c_hi, int32_t* c_lo) {
+  const int64_t quads = biased.quads;
+  __m512i column = _mm512_setzero_si512();  // sum_k q[n, k]
+  for (int64_t j = 0; j < quads; ++j)
+    column = _mm512_dpbusd_epi32(column, _mm512_set1_epi32(0x01010101), _mm512_loadu_si512(group + j * 64));
+  const __m512i bias = _mm512_slli_epi32(column, 7);
+  const int32_t *hi = biased.words.data(), *lo = hi + rows * quads;
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8)
+    vnni_rows<8>(hi + r * quads, lo + r * quads, quads, group, bias, c_hi + r * kGroup, c_lo + r * kGroup);
+  const int64_t left = rows - r;
+  auto rest = [&](auto rb) {
+    vnni_rows<decltype(rb)::value>(hi + r * quads, lo + r * quads, quads, group, bias, c_hi + r * kGroup, c_lo + r * kGroup);
+  };
+  switch (left) {
+    case 1: rest(std::integral_constant<int, 1>{}); break;
+    case 2: rest(std::integral_constant<int, 2>{}); break;
+    case 3: rest(std::integral_constant<int, 3>{}); break;
+    case 4: rest(std::integral_constant<int, 4>{}); break;
+    case 5: rest(std::integral_constant<int, 5>{}); break;
+    case 6: rest(std::integral_constant<int, 6>{}); break;
+    case 7: rest(std::integral_constant<int, 7>{}); break;
+    default: break;
+  }
+}
+#else
+constexpr bool kHasVnni = false;
+#endif
+
 // A row's threshold shared by the units: at most the largest a - b any unit has seen (so at most the
 // final one). With thresholds of their own, units whose outputs held no large logit kept ~330
 // candidates per row each (half a million appends at 32 rows: most of the head's time).
@@ -314,7 +386,7 @@ int32_t argmax_all(const float* x, const float* w, int64_t vocab, int64_t k_dim)
 
 ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                       ffi::Buffer<ffi::S8> packed, ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> row_max,
-                      ffi::Buffer<ffi::F32> row_err, ffi::ResultBuffer<ffi::S32> tokens, int32_t amx) {
+                      ffi::Buffer<ffi::F32> row_err, ffi::ResultBuffer<ffi::S32> tokens, int32_t sums_by) {
   auto xd = x.dimensions(), wd = w.dimensions(), pd = packed.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || xd[0] > kMaxRows || wd[1] % kChunk || wd[0] % kGroup)
     return ffi::Error::InvalidArgument("greedy_head: x must be [R <= 64, K] and w [V, K], K % 64 == 0, V % 16 == 0");
@@ -324,7 +396,7 @@ ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     vectors = vectors && v->dimensions().size() == 1 && v->dimensions()[0] == vocab;
   if (pd.size() != 3 || pd[0] != groups || pd[1] != k_dim / kChunk || pd[2] != kTile || !vectors)
     return ffi::Error::InvalidArgument("greedy_head: packed must be [V/16, K/64, 1024] and scale, row_max, row_err [V]");
-  const bool tiles = amx && amx_ready();
+  const bool tiles = sums_by >= 2 && amx_ready(), vnni = sums_by >= 1 && !tiles && kHasVnni;
   const float *wp = w.typed_data(), *dp = scale.typed_data(), *mp = row_max.typed_data(), *ep = row_err.typed_data();
   const int8_t* pp = packed.typed_data();
   const Rows prepared(x.typed_data(), rows, k_dim);
@@ -333,7 +405,10 @@ ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   const int64_t units = (groups + kGroupsPerUnit - 1) / kGroupsPerUnit;
   std::vector<std::vector<RowState>> states(units, std::vector<RowState>(rows));
   std::vector<Threshold> thresholds(rows);
-  parallel_units(pool, units, [&, tiles](int64_t u) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+  const BiasedRows biased(prepared, vnni);
+#endif
+  parallel_units(pool, units, [&, tiles, vnni](int64_t u) {
     alignas(64) int32_t sums[2 * kMaxGroups * kMaxRows * kGroup];
     const int64_t g0 = u * kGroupsPerUnit, g1 = std::min(groups, g0 + kGroupsPerUnit);
     auto keep = [&](int64_t g, const int32_t* c_hi, const int32_t* c_lo) {
@@ -350,6 +425,15 @@ ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
       configure_tiles();
       sums_amx(prepared, pp, g0, g1, sums, keep);
       _tile_release();
+      return;
+    }
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    if (vnni) {
+      for (int64_t g = g0; g < g1; ++g) {
+        sums_vnni(biased, rows, pp + g * k_dim / kChunk * kTile, sums, sums + kMaxRows * kGroup);
+        keep(g, sums, sums + kMaxRows * kGroup);
+      }
       return;
     }
 #endif
@@ -389,8 +473,11 @@ ffi::Error GreedyHead(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 
 }  // namespace
 
-// 1 where this process runs the greedy head's AMX tiles (`amx` = 1 uses them).
+// 1 where this process runs the greedy head's AMX tiles (`sums` = 2 uses them).
 extern "C" int sgl_dflash_greedy_head_amx() { return amx_ready() ? 1 : 0; }
+
+// 1 where the greedy head's sums can run with AVX-512 VNNI (`sums` >= 1 uses it without AMX).
+extern "C" int sgl_dflash_greedy_head_vnni() { return kHasVnni ? 1 : 0; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_greedy_head, GreedyHead,
                               ffi::Ffi::Bind()
@@ -402,4 +489,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(sgl_dflash_greedy_head, GreedyHead,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int32_t>("amx"));
+                                  .Attr<int32_t>("sums"));

@@ -236,10 +236,13 @@ def test_a_decode_row_and_the_same_tokens_verify_row_get_the_same_bits():
 
 
 def _sdpa(q, k, v, mask, scale):
-    """torch's F.scaled_dot_product_attention: the meaning `cpu_kernels.dense_attention` has."""
+    """torch's F.scaled_dot_product_attention, the meaning `cpu_kernels.dense_attention` has, in
+    float64 (then rounded to float32): torch's own float32 kernel differs by CPU, and on an AMD
+    EPYC it was 3.9e-6 from float64 where this kernel was 1.0e-6 (300 keys, head size 128)."""
     import torch
-    t = lambda a: None if a is None else torch.from_numpy(np.asarray(a))  # noqa: E731
-    return torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(mask), scale=scale).numpy()
+    t = lambda a: None if a is None else torch.from_numpy(np.asarray(a, np.float64 if np.asarray(a).dtype == np.float32 else None))  # noqa: E731
+    out = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=t(mask), scale=scale)
+    return out.numpy().astype(np.float32)
 
 
 @pytest.mark.parametrize("n, heads, rows, keys, dim, mask_rows", [

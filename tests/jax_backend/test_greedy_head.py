@@ -41,6 +41,28 @@ def _check(x, w, amx_too: bool = True) -> np.ndarray:
     return want
 
 
+@pytest.mark.skipif(not cpu_kernels.vnni_available(), reason="the kernels are built without AVX-512 VNNI here")
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 64])
+def test_vnni_sums_take_the_argmax_of_the_float32_logits(monkeypatch, rows):
+    """The sums with AVX-512 VNNI (SGL_DFLASH_AMX=0 keeps AMX tiles out where they run): every
+    row count (eight at a time and each remainder), outputs whose codes reach -127 and 127 (the
+    unsigned bias and its column correction), a row whose logits are all near zero."""
+    monkeypatch.setenv(cpu_kernels.ENV_AMX, "0")
+    rng = np.random.default_rng(rows)
+    w = rng.normal(0, 0.05, (2048, 192)).astype(np.float32)
+    w[5] = np.abs(w[5])  # every code positive: the column sum is at its largest
+    w[6] = -np.abs(w[6])
+    x = rng.normal(0, 1, (rows, 192)).astype(np.float32)
+    x[:, 7] *= 30
+    x[-1] *= 1e-30
+    head = greedy_head.pack(jnp.asarray(w))
+    tokens = jax.jit(lambda x: cpu_kernels.greedy_tokens(x, jnp.asarray(w), head))(jnp.asarray(x))  # traced here
+    np.testing.assert_array_equal(np.asarray(tokens), _reference(x, w))
+    x[:, :] = np.abs(x) * (w[5] > 0)  # row dot w[5] largest: the column-corrected sum decides
+    np.testing.assert_array_equal(np.asarray(cpu_kernels.greedy_tokens(jnp.asarray(x), jnp.asarray(w), head)),
+                                  _reference(x, w))
+
+
 @pytest.mark.parametrize("rows,vocab,k", [(1, 256, 64), (3, 512, 192), (16, 1024, 576), (17, 4096, 128),
                                           (33, 2048, 64), (64, 1024, 320)])
 def test_tokens_are_the_argmax_of_the_float32_logits(rows, vocab, k):
@@ -177,8 +199,8 @@ def test_runner_greedy_steps_take_the_same_tokens_from_the_head(checkpoint):
     assert cpu_kernels.GREEDY_TARGET not in lowered(runners[1], 16)
 
 
-def test_the_default_follows_amx(checkpoint):
+def test_the_default_follows_the_fast_sums(checkpoint):
     runner = TargetRunner(checkpoint, page_size=8, max_total_tokens=256)
-    assert ("greedy_head" in runner.params) == cpu_kernels.amx_available()
+    assert ("greedy_head" in runner.params) == (cpu_kernels.amx_available() or cpu_kernels.vnni_available())
     with pytest.raises(ValueError, match="greedy_head=True needs the CPU matmul kernel"):
         TargetRunner(checkpoint, page_size=8, max_total_tokens=256, cpu_matmul=False, greedy_head=True)
