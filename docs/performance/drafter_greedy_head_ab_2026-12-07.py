@@ -8,7 +8,7 @@ from sgl_dflash.speculative.dflash_worker import target_dims
 from sgl_dflash.tools.demo import DEFAULT_DRAFTER
 from torchax_proposer import DFlashProposer
 
-assert cpu_kernels.available() and cpu_kernels.amx_available()
+assert cpu_kernels.available() and cpu_kernels.greedy_head_fast()  # AMX tiles or AVX-512 VNNI
 MODEL = "cache/models/SmolLM2-135M-Instruct"
 runner = TargetRunner(MODEL, max_total_tokens=64, greedy_head=True)
 tmap = json.load(open(DEFAULT_DRAFTER / "token_map.json"))

@@ -29,11 +29,8 @@ plain when the plain step's cost was last measured `refresh_every` steps ago. Ev
 `explore_every`-th step, shapes and draft blocks not measured recently look cheaper than
 predicted (`explore_discount`), so a choice that may be better gets measured; a program never
 compiled also carries a share of its compile time. At a load where drafts may not pay even for a
-typical request (`drafts_may_pay`; before evidence, by the drafter's recorded acceptance), a
-joining request gets no drafter context (NONE's steps).
-Where steps with drafter context already ran at a load, what they realized decides instead
-(`realized.RealizedGains`): below what context costs, joining requests get none and the running
-ones lose theirs.
+typical request (`drafts_may_pay`), a joining request gets no drafter context (NONE's steps);
+where steps with context ran at a load, what they realized decides (`realized.RealizedGains`).
 
 Sampling stays lossless because k_i depends on the drafter's distributions q (max q), never on
 the sampled drafts: rejection sampling over the first k_i drafts is the standard algorithm for a
@@ -178,6 +175,7 @@ class AdaptivePolicy:
         # (1 + `min_gain`; at 1.0 batches of 8 got it, drafted 0-7% of steps, lost 2-6%); before
         # `admit_evidence` drafts were read, by the drafter's recorded acceptance [P] (or None).
         self.admit_ratio, self.admit_evidence, self.prior_acceptance = admit_ratio, admit_evidence, prior_acceptance
+        self.startup_admits: int | None = None  # `drafts_may_pay` (the worker sets it)
         # What drafter context costs a step, as a fraction of its tokens: adaptive with no
         # drafting ran at 0.95-0.98x NONE (docs/adaptive.md, 2026-11-27 night).
         self.context_cost = context_cost
@@ -262,13 +260,16 @@ class AdaptivePolicy:
     def drafts_may_pay(self, n: int) -> bool:
         """Whether a batch of n requests of the typical acceptance (`Calibrator.typical_means`) has
         a drafted allocation at `admit_ratio` x the plain rate or better. Until `admit_evidence`
-        first drafts were read (`Calibrator.drafts_seen`) the drafter's recorded acceptance
-        (`prior_acceptance`: `DFlashConfig.prior_acceptance`, on unseen prompts) stands in, and
-        without one the answer is yes (a first batch of 32 got context for nothing: ~5% of NONE's
-        time, docs/adaptive.md 2026-12-06). Where not, a joining request gets no drafter context
-        (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th. Where 256
-        request-steps with context ran at this load, what they realized decides instead
-        (`context_lost`)."""
+        first drafts were read the drafter's recorded acceptance (`prior_acceptance`, on unseen
+        prompts) stands in, and without one the answer is yes. Where not, a joining request gets no
+        drafter context (ingest, commits, probes: ~3% of NONE's step for nothing), but every 64th.
+        Past `startup_admits` requests, no until the load's plain step was served: startup read
+        verify shapes there on the scan, the plain step before the layer tuner chose (a fresh 32
+        read 1.14x for what ran at 0.47x NONE, docs/adaptive.md). Where 256 request-steps with
+        context ran at this load, what they realized decides instead (`context_lost`)."""
+        if self.startup_admits is not None and n > self.startup_admits and not self.cost.readings(
+                step_shape(np.ones(n, np.int64))):
+            return False
         if self.realized.context_gain(n) is not None:
             return not self.context_lost(n)
         if self.calibrator.drafts_seen(GREEDY) >= self.admit_evidence:
@@ -281,8 +282,7 @@ class AdaptivePolicy:
         means = self.calibrator.typical_means(GREEDY) if means is None else means
         gains = np.tile(np.cumprod(means), (n, 1))
         candidates, best = allocations(gains), 0.0
-        # Costs as predicted, not as an exploring step sees them (one admission in 8 fell on one:
-        # a batch of 8 was let in at 1.32 for 0.93).
+        # Costs as predicted, not as exploring steps see them (a batch of 8 let in at 1.32 ran 0.93)
         self._judging = True
         try:
             for b in self.blocks:

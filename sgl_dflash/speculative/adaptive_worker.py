@@ -74,6 +74,7 @@ class AdaptiveDFlashWorker(DFlashWorker):
         super().__init__(server_args)
         self.policy = AdaptivePolicy(self.block_size - 1,
                                      prior_acceptance=self.proposer.config.prior_acceptance(self.block_size))
+        self.policy.startup_admits = TUNED_VERIFY_SEQS  # past it startup's verify readings are the scan's alone
         self.admitted = 0  # requests prefilled
         self.measuring: set[int] = set()  # slots given context only to keep measuring (`MEASURED_EVERY`)
         self._none_steps = -1  # steps without drafter context (`_none_step`): the first is timed

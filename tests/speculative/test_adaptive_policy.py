@@ -709,6 +709,23 @@ def test_startup_readings_decide_a_load_not_served_yet():
     assert read.cost.draft(8, 4) == pytest.approx(0.053 / 0.047 * 0.0134)
 
 
+def test_past_startup_admits_a_load_waits_for_its_plain_step_served():
+    """The startup sweep reads verify shapes of more than 2 requests on the scan and the plain step
+    before the layer tuner chose: on an AMD host a fresh batch of 32 read drafts paying at 1.14x
+    (its plain step read as dear as a 2-row verify) and ran at 0.47x NONE. Past `startup_admits`
+    requests, no context until the load's plain step was served; at or below it, startup decides."""
+    policy = AdaptivePolicy(3, prior_acceptance=np.array([0.8, 0.75, 0.7]))
+    policy.draft_cost = lambda batch, block: 0.0
+    policy.shape_cost = by_rows(0.01, fixed=1.0)  # rows nearly free: drafts pay at every load
+    assert policy.drafts_may_pay(32) and policy.drafts_may_pay(1)  # (no rule set)
+    policy.startup_admits = 2
+    assert not policy.drafts_may_pay(32) and not policy.drafts_may_pay(3)
+    assert policy.drafts_may_pay(2) and policy.drafts_may_pay(1)
+    policy.cost.observe((32, 32, 1), 0.07, 0, 0.0, 0.0)  # the plain step of 32 served once
+    assert policy.drafts_may_pay(32) and policy.drafts_may_pay(17)  # (the same bucket)
+    assert not policy.drafts_may_pay(8)
+
+
 def test_admission_prices_without_the_exploration_discount():
     """An exploring step sees shapes not measured lately at 0.7x (so that they get tried); the
     admission of a joining request must not: one admission in 8 fell on such a step."""
