@@ -11,7 +11,8 @@ streams each weight row from memory once, where XLA:CPU's few-row dots read weig
 of the bandwidth, and gives every row bit-identical sums whatever the number of rows.
 
 `greedy_tokens` is the argmax of `rows_matmul`'s logits of the lm_head without computing most of them
-exactly (int8 AMX tiles bound every logit; the few that may be the largest are computed exactly).
+exactly (int8 sums on AMX tiles or with AVX-512 VNNI bound every logit; the few that may be the largest
+are computed exactly).
 
 The shared library is compiled from `paged_attention.cc`, `rows_matmul.cc` and `greedy_head.cc` (g++ or $CXX, `-O3 -march=native`,
 against the XLA FFI headers jaxlib ships) into $SGL_DFLASH_KERNEL_DIR, else
