@@ -115,6 +115,7 @@ def test_the_cost_model_knows_what_is_compiled_past_the_first_context_bucket(eng
     engine = Engine(**kwargs, speculative_algorithm="DFLASH", speculative_draft_model_path=trained_draft_dir,
                     speculative_num_draft_tokens=4, speculative_adaptive=True, disable_precompile=False)
     cost = engine.scheduler.worker.policy.cost
+    engine.scheduler.worker.policy.startup_admits = None  # three requests get context from the start
     random_lengths(engine, monkeypatch, seed=5)
     steps = []  # (width, the step's programs were taken as compiled, the step compiled)
 
