@@ -275,7 +275,7 @@ def greedy_tokens(x, w, head, fast: bool = True):
     the first maximum, the first NaN in a row with one), for x float32 [R <= 64, K] and the
     weights w float32 [V, K] with their `greedy_head.GreedyHead` (its int8 tiles). The
     approximation's int32 sums run on AMX tiles (`amx_available()`), else with AVX-512 VNNI
-    (`greedy_head_fast()`), else as plain code (slow); `fast` False: as plain code (for tests).
+    (`vnni_available()`), else as plain code (slow); `fast` False: as plain code (for tests).
     Call `available()` first."""
     sums = (2 if _amx_allowed() else 1) if fast else 0
     call = jax.ffi.ffi_call(GREEDY_TARGET, jax.ShapeDtypeStruct((x.shape[0],), jnp.int32))
