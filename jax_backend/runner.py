@@ -34,12 +34,10 @@ class ContextLengthError(ValueError):
 
 
 class TargetRunner:
-    """Owns the target params and KV pool; `forward` runs one packed ragged batch.
-
-    Page allocation is the caller's job through `.allocator`. The KV pool holds
-    `max_total_tokens` tokens (+ one scratch page); every sequence may span up to
-    `max_model_len` tokens (default: min(max_position_embeddings, max_total_tokens)).
-    """
+    """Owns the target params and KV pool; `forward` runs one packed ragged batch. Page allocation
+    is the caller's job through `.allocator`. The KV pool holds `max_total_tokens` tokens (+ one
+    scratch page); a sequence may span `max_model_len` (default: min(max_position_embeddings,
+    max_total_tokens))."""
 
     def __init__(
         self,
@@ -83,12 +81,10 @@ class TargetRunner:
         bad = [l for l in aux_layer_ids if not 0 <= l < config.num_hidden_layers]
         if bad:
             raise ValueError(f"aux_layer_ids {bad} out of range for {config.num_hidden_layers} layers")
-        if page_size < 1 or max_total_tokens < 1 or max_num_seqs < 1:
-            raise ValueError("page_size, max_total_tokens and max_num_seqs must be positive")
-        if max_model_len is None:
-            max_model_len = min(config.max_position_embeddings, max_total_tokens)
-        if max_model_len < 1:
-            raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+        max_model_len = min(config.max_position_embeddings, max_total_tokens) if max_model_len is None else max_model_len
+        if page_size < 1 or max_total_tokens < 1 or max_num_seqs < 1 or max_model_len < 1:
+            raise ValueError("page_size, max_total_tokens, max_num_seqs and max_model_len must be positive, got "
+                             f"{page_size}, {max_total_tokens}, {max_num_seqs} and {max_model_len}")
 
         self.dtype = dtype
         self.page_size = page_size
@@ -123,6 +119,8 @@ class TargetRunner:
             return model.forward(params, config, kv_pool, batch, aux_layer_ids)
 
         self._step = self._jit_step(step, free_outputs=(0,))  # (logits, aux, pool)
+        self._step_without_aux = self._jit_step(  # `forward(features=False)`: NONE's program
+            lambda params, kv_pool, batch: model.forward(params, config, kv_pool, batch, ()), free_outputs=(0,))
         last = config.num_hidden_layers - 1
         self._norm_block = aux_layer_ids.index(last) if last in aux_layer_ids else None
         self._sample_steps: dict[str, Callable] = {}  # by sampling mode
@@ -146,23 +144,25 @@ class TargetRunner:
 
     def num_compilations(self) -> int:
         """Number of distinct compiled versions of the jitted steps so far."""
-        jitted = [self._step, *self._sample_steps.values(), *self._verify_steps.values()]
+        jitted = [self._step, self._step_without_aux, *self._sample_steps.values(), *self._verify_steps.values()]
         return sum(fn._cache_size() for fn in jitted)
 
-    def forward(self, seqs: Sequence[SeqInput], *, fine_tokens: bool = True, query_tiles: bool = True) -> ForwardOutput:
+    def forward(self, seqs: Sequence[SeqInput], *, fine_tokens: bool = True, query_tiles: bool = True,
+                features: bool = True) -> ForwardOutput:
         """Run prefill chunks, decodes and verify blocks for several sequences in one batch.
         The serving path runs prefills here, so token rows are padded finely (`fine_bucket`);
         `sample` and `verify` keep the power-of-two rows the adaptive policy's shapes assume.
         `fine_tokens` / `query_tiles` False: the padding and attention layout before either
-        existed (`bench_prefill` compares them)."""
+        existed (`bench_prefill` compares them). `features=False`: no aux rows, none captured."""
         batch, layout = self._batch(seqs, fine_tokens=fine_tokens, query_tiles=query_tiles)
-        logits, aux, self.kv_pool = self._step(self._step_params, self.kv_pool, batch)
+        step = self._step if features or not self.aux_layer_ids else self._step_without_aux
+        logits, aux, self.kv_pool = step(self._step_params, self.kv_pool, batch)
 
         logits = np.asarray(logits)
         per_seq_logits = [
             logits[start : start + n] for start, n in zip(layout.logit_starts, layout.num_logits)
         ]
-        return ForwardOutput(per_seq_logits, self._aux_rows(aux, layout))
+        return ForwardOutput(per_seq_logits, self._aux_rows(aux, layout) if features else AuxRows())
 
     def sample(
         self,

@@ -63,14 +63,15 @@ class TargetWorker:
             return self.forward_extend(batch)[0]
         return self.forward_decode(batch)
 
-    def forward_extend(self, batch: ModelWorkerBatch) -> tuple[GenerationBatchResult, ForwardOutput]:
+    def forward_extend(self, batch: ModelWorkerBatch, features: bool = True) -> tuple[GenerationBatchResult, ForwardOutput]:
         """The K/V of each request's committed tokens, and a first token for the new ones (also
         returns the forward's output, whose aux rows the DFLASH worker hands its drafter). A
-        request's tokens run after its prefix_len cached ones (a prefill chunk after the first)."""
+        request's tokens run after its prefix_len cached ones (a prefill chunk after the first).
+        `features=False`: no aux rows (an adaptive worker's prefill where none gets drafter context)."""
         out = self.runner.forward([
             SeqInput(ids, prefix, table, "last")
             for ids, prefix, table in zip(batch.input_ids, batch.prefix_lens, batch.page_tables)
-        ])
+        ], features=features)
         n = len(batch.slots)
         tokens, counts = np.zeros((n, 1), np.int32), np.zeros(n, np.int32)
         fresh = [i for i in range(n) if batch.sample[i]]
@@ -116,7 +117,7 @@ class TargetWorker:
         return np.asarray(tokens)[:n]
 
     def _aux_rows(self, out: ForwardOutput) -> list[np.ndarray] | None:
-        if not self.record_aux:
+        if not self.record_aux or not out.features:
             return None
         return list(out.features)
 

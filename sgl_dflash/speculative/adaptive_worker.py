@@ -104,17 +104,22 @@ class AdaptiveDFlashWorker(DFlashWorker):
         behind the host) where drafts may pay at the load it joins (`drafts_may_pay`), and every
         `MEASURED_EVERY`-th request anyway. One without it is served as NONE serves it."""
         self._realize(0.0)  # the next wait is the prompts' ingest, not the last step's
-        result, out = self.target_worker.forward_extend(batch)
-        result.num_draft_tokens = self.block_size - 1
         # Priced at the context these requests decode at: what is compiled there (else at the last
         # step's, or none: a fresh engine's first batch of 32 read a compile into every program).
         contexts = [prefix + len(ids) for prefix, ids in zip(batch.prefix_lens, batch.input_ids)]
         self.policy.cost.at(self.runner.context_pages(contexts), self.proposer.window(max(contexts)))
         may_pay = self.policy.drafts_may_pay(len(self.policy.requests) + len(batch.slots))
-        for slot, features, temperature in zip(batch.slots, out.features, batch.sampling_info.temperatures):
+        admitted = range(self.admitted + 1, self.admitted + len(batch.slots) + 1)
+        context = [may_pay or i % MEASURED_EVERY == 0 for i in admitted]
+        # Without any, NONE's prefill: no features computed or copied (2-4% of a batch of 32's),
+        # a second program per prompt shape; near the process's mapping limit, one per shape.
+        features = any(context) or not self.policy.may_compile
+        result, out = self.target_worker.forward_extend(batch, features=features)
+        result.num_draft_tokens = self.block_size - 1
+        for i, (slot, temperature) in enumerate(zip(batch.slots, batch.sampling_info.temperatures)):
             self.admitted += 1
-            if may_pay or self.admitted % MEASURED_EVERY == 0:
-                self.add_context(slot, features)
+            if context[i]:
+                self.add_context(slot, out.features[i])
                 if not may_pay:
                     self.measuring.add(slot)
             self.policy.add(slot, SAMPLED if temperature > 0 else GREEDY)

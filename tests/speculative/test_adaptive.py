@@ -162,7 +162,7 @@ def test_steps_without_drafter_context_are_nones_steps_timed_once_in_eight(adapt
     """A batch none of whose requests has drafter context runs NONE's decode step with a counter's
     upkeep; only every `PLAIN_READ_EVERY`-th step (the first included) checks for compiles and is
     timed for the cost model (that upkeep on every step cost ~0.3 ms of a ~9.5 ms step at one
-    request). Output stays NONE's."""
+    request). Output stays NONE's; a prefill where no request gets context is NONE's too."""
     worker = adaptive_engine.scheduler.worker
     monkeypatch.setattr(worker.policy, "drafts_may_pay", lambda n: False)
     monkeypatch.setattr(adaptive_worker, "MEASURED_EVERY", 1 << 30)
@@ -173,9 +173,13 @@ def test_steps_without_drafter_context_are_nones_steps_timed_once_in_eight(adapt
     monkeypatch.setattr(worker, "compilations", _counting(worker.compilations, counts, "compilations"))
     target = worker.target_worker
     monkeypatch.setattr(target, "forward_decode", _counting(target.forward_decode, counts, "decode"))
+    prefills = []  # and their prefill NONE's: no features computed
+    forward = worker.runner.forward
+    monkeypatch.setattr(worker.runner, "forward", lambda *a, **k: prefills.append(k.get("features", True)) or forward(*a, **k))
     greedy_equals_none(adaptive_engine, none_engine, seed=17, count=3, max_new_tokens=30)
     timed = -(-counts["decode"] // adaptive_worker.PLAIN_READ_EVERY)
     assert counts["decode"] == 29 and not worker.drafting  # every decode step NONE's, no context
+    assert prefills and not any(prefills)
     assert counts["observe"] + counts["compiled"] == timed == 4 and counts["compilations"] == 2 * timed
 
 
