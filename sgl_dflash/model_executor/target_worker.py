@@ -117,7 +117,7 @@ class TargetWorker:
         return np.asarray(tokens)[:n]
 
     def _aux_rows(self, out: ForwardOutput) -> list[np.ndarray] | None:
-        if not self.record_aux or not out.features:
+        if not self.record_aux:
             return None
         return list(out.features)
 
