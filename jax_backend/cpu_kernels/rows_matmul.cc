@@ -289,8 +289,8 @@ void decoded_tile(const Problem& p, int64_t n, int64_t r0) {  // rows [r0, r0 + 
     for (int r = 0; r < R; ++r) {  // each row's x loaded once for the G outputs
       vn x0 = load_n(xr + r * k_dim + b * 32), x1 = load_n(xr + r * k_dim + b * 32 + 16);
       // Held in registers: GCC otherwise folds the load into each output's FMA, loading x G times,
-      // and on AMD Zen 4 a 64-byte load takes the cycle's load bandwidth (Q4_1 at 8-16 rows
-      // 0.93-0.96x the time; docs/performance.md section 61). The same arithmetic, the same bits.
+      // and on AMD Zen 4 a 64-byte load takes the cycle's load bandwidth (Q4_1 at 16 rows 0.93-0.95x
+      // the time, at 8 0.96-1.01x; docs/performance.md section 61). The same arithmetic, the same bits.
 #ifndef X_FOLDED  // a build flag for experiments: the loads folded as GCC chooses
       if constexpr (G > 1) asm("" : "+v"(x0), "+v"(x1));
 #endif
