@@ -225,7 +225,7 @@ struct Problem {
   int64_t rows, k_dim, n_dim;
 };
 
-#if defined(__AVX512F__)  // one vector is half a block; AVX2 builds decode rows in scratch (`outputs`)
+#if defined(__AVX512F__)  // one vector is half a block; AVX2: a quarter (below)
 // lane_sums<1>'s value (the pairs i + 8, + 4, + 2, + 1) from one vector's own halves, where
 // lane_sums<1> would fold 16 vectors to sum one.
 inline float lane_sum(vn a) {
@@ -347,7 +347,111 @@ void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
     n += pair ? 2 : 1;
   }
 }
+#define SGL_DFLASH_DECODED_TILES 1
 
+#elif defined(SGL_DFLASH_AVX2_HALVES) && !defined(AVX2_SCRATCH)
+// AVX2 (16 registers of 8 floats): GGUF and bfloat16 weights decoded in registers too, where they
+// were decoded into scratch and read back by the float32 tiles (a one-row decode step spent more
+// time in that round trip than in its products). A vector is a quarter of a block: half `part` of
+// the 16-lane sums takes k = b * 32 + 8 * part + [0, 8) (w0) and, 16 further on, w1, in that
+// order, so each lane sums the same products in the same order as `tile` over decoded rows.
+constexpr int64_t kScratchRows = 24;  // as with AVX-512: from 24 rows the float32 tiles over scratch
+
+typedef int32_t vi __attribute__((vector_size(32)));
+
+// Half `part` of output n's block b: w0 (k = b * 32 + 8 * part + [0, 8)) and w1 (16 further on),
+// the same values as `Weights::rows` decodes.
+template <int Bits>
+inline void decode_quarters(const Problem& p, int64_t n, int64_t b, int part, vn& w0, vn& w1) {
+  const int64_t k_dim = p.k_dim, blocks = k_dim / 32;
+  const uint8_t* codes = p.w.codes + n * (k_dim * Bits / 8);
+  if constexpr (Bits == 16) {
+    const uint8_t* at = codes + (b * 32 + 8 * part) * 2;
+    const vi lo = (vi)_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+    const vi hi = (vi)_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32)));
+    w0 = (vn)(lo << 16), w1 = (vn)(hi << 16);
+  } else if constexpr (Bits == 4) {
+    const float s = p.w.scale[n * blocks + b], m = p.w.offset[n * blocks + b];
+    const vi q = (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + b * 16 + 8 * part)));
+    w0 = __builtin_convertvector(q & 15, vn) * s + m;
+    w1 = __builtin_convertvector(q >> 4, vn) * s + m;
+  } else {
+    const float s = p.w.scale[n * blocks + b];
+    const uint8_t* at = codes + b * 32 + 8 * part;
+    w0 = __builtin_convertvector((vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))), vn) * s;
+    w1 = __builtin_convertvector((vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 16))), vn) * s;
+  }
+}
+
+// Outputs [n, n + G) of rows [r0, r0 + R). One row takes both halves at once (2G accumulators);
+// more rows take one half after the other (R x G accumulators), the second pass reading the
+// codes again from cache.
+template <int Bits, int R, int G>
+void decoded_tile(const Problem& p, int64_t n, int64_t r0) {
+  const int64_t k_dim = p.k_dim, blocks = k_dim / 32, row_bytes = k_dim * Bits / 8;
+  const float* xr = p.x + r0 * k_dim;
+  float* yr = p.y + r0 * p.n_dim;
+  constexpr int kPasses = R == 1 ? 1 : 2, kAtOnce = 2 / kPasses;
+  vn all[R * G * 2];
+  for (int pass = 0; pass < kPasses; ++pass) {
+    vn acc[R * G * kAtOnce];
+    for (int i = 0; i < R * G * kAtOnce; ++i) acc[i] = vn{};
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (R > 1 && pass == 0)
+        for (int g = 0; g < G; ++g) __builtin_prefetch(p.w.codes + (n + g + 2) * row_bytes + b * 4 * Bits, 0, 2);
+      for (int h = 0; h < kAtOnce; ++h) {
+        const int part = pass + h;
+        vn w0[G], w1[G];
+        for (int g = 0; g < G; ++g) decode_quarters<Bits>(p, n + g, b, part, w0[g], w1[g]);
+        for (int r = 0; r < R; ++r) {
+          const float* x = xr + r * k_dim + b * 32 + 8 * part;
+          vn x0 = load_n(x), x1 = load_n(x + 16);
+          if constexpr (G > 1) asm("" : "+x"(x0), "+x"(x1));  // loaded once for the G outputs
+          for (int g = 0; g < G; ++g) acc[(r * G + g) * kAtOnce + h] += x0 * w0[g];
+          for (int g = 0; g < G; ++g) acc[(r * G + g) * kAtOnce + h] += x1 * w1[g];
+        }
+      }
+    }
+    for (int i = 0; i < R * G; ++i)
+      for (int h = 0; h < kAtOnce; ++h) all[i * 2 + pass + h] = acc[i * kAtOnce + h];
+  }
+  float sums[R * G];
+  lane_sums<R * G>(all, sums);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) yr[r * p.n_dim + n + g] = sums[r * G + g];
+}
+
+#ifndef AVX2_DECODED_TILE  // rows per tile, outputs per tile of 2+ rows, of one row (a build flag for experiments)
+#define AVX2_DECODED_TILE 4, 2, 2
+#endif
+constexpr int kDecodedTile[3] = {AVX2_DECODED_TILE};
+constexpr int kDecodedRows = kDecodedTile[0], kDecodedOutputs = kDecodedTile[1], kDecodedRowOutputs = kDecodedTile[2];
+
+template <int Bits, int G, int R = kDecodedRows>
+void decoded_rows(const Problem& p, int64_t n, int64_t r0, int64_t rows) {
+  if constexpr (R > 1) {
+    if (rows < R) return decoded_rows<Bits, G, R - 1>(p, n, r0, rows);
+  }
+  decoded_tile<Bits, R, G>(p, n, r0);
+}
+
+template <int Bits>
+void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1;) {
+    if (p.rows == 1 && n + kDecodedRowOutputs <= n1) {
+      decoded_tile<Bits, 1, kDecodedRowOutputs>(p, n, 0);
+      n += kDecodedRowOutputs;
+      continue;
+    }
+    const bool group = p.rows > 1 && n + kDecodedOutputs <= n1;
+    for (int64_t r0 = 0; r0 < p.rows; r0 += kDecodedRows) {
+      const int64_t rows = std::min<int64_t>(kDecodedRows, p.rows - r0);
+      group ? decoded_rows<Bits, kDecodedOutputs>(p, n, r0, rows) : decoded_rows<Bits, 1>(p, n, r0, rows);
+    }
+    n += group ? kDecodedOutputs : 1;
+  }
+}
+#define SGL_DFLASH_DECODED_TILES 1
 #endif  // __AVX512F__
 
 // Outputs [n0, n1) of every row, in tiles of RB rows x NB outputs.
@@ -807,7 +911,7 @@ constexpr bool kAmxProducts = false;
 bool amx_products() { return kAmxProducts && amx_permission(); }
 
 void dispatch(ffi::ThreadPool& pool, const Problem& problem) {
-#if defined(__AVX512F__)
+#if defined(SGL_DFLASH_DECODED_TILES)
   if (problem.w.bits != 32 && problem.rows < kScratchRows) {
     const int64_t units = 8 * std::max<int64_t>(1, pool.num_threads());
     const int64_t chunk = (problem.n_dim + units - 1) / units;
