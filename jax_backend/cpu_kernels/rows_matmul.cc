@@ -331,7 +331,7 @@ void decoded_rows(const Problem& p, int64_t n, int64_t r0, int64_t rows) {
 #ifndef BLOCKS_SCRATCH_ROWS  // a build flag for experiments
 #define BLOCKS_SCRATCH_ROWS 24
 #endif
-constexpr int64_t kScratchRows = BLOCKS_SCRATCH_ROWS;
+constexpr int64_t kScratchRows = BLOCKS_SCRATCH_ROWS, kScratchMaxK = INT64_MAX;
 
 // Outputs [n0, n1) of every row: two outputs at a time (one for a single row: measured, G = 2
 // beat 1, 3, 4 and 6 at 4 and 8 rows), their rows in tiles of up to 8 that decode the same
@@ -355,7 +355,13 @@ void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
 // time in that round trip than in its products). A vector is a quarter of a block: half `part` of
 // the 16-lane sums takes k = b * 32 + 8 * part + [0, 8) (w0) and, 16 further on, w1, in that
 // order, so each lane sums the same products in the same order as `tile` over decoded rows.
-constexpr int64_t kScratchRows = 24;  // as with AVX-512: from 24 rows the float32 tiles over scratch
+// From 32 rows the float32 tiles over scratch, for K below 1024: at 32-64 rows 0.91-1.14x the time
+// of decoding in registers where K = 576, but 0.64-0.74x the time at K = 1536 (whose 4 x 3 tiles
+// over scratch read 60-67 GFLOP/s); at 24 rows registers were as fast or faster at every K.
+#ifndef BLOCKS_SCRATCH_ROWS  // a build flag for experiments
+#define BLOCKS_SCRATCH_ROWS 32
+#endif
+constexpr int64_t kScratchRows = BLOCKS_SCRATCH_ROWS, kScratchMaxK = 1023;
 
 typedef int32_t vi __attribute__((vector_size(32)));
 
@@ -912,7 +918,7 @@ bool amx_products() { return kAmxProducts && amx_permission(); }
 
 void dispatch(ffi::ThreadPool& pool, const Problem& problem) {
 #if defined(SGL_DFLASH_DECODED_TILES)
-  if (problem.w.bits != 32 && problem.rows < kScratchRows) {
+  if (problem.w.bits != 32 && (problem.rows < kScratchRows || problem.k_dim > kScratchMaxK)) {
     const int64_t units = 8 * std::max<int64_t>(1, pool.num_threads());
     const int64_t chunk = (problem.n_dim + units - 1) / units;
     parallel_units(pool, (problem.n_dim + chunk - 1) / chunk, [&problem, chunk](int64_t c) {
