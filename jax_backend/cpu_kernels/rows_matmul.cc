@@ -9,7 +9,9 @@
 //
 // Inputs: x [R, K] f32, w [L, N, K] f32 (out-major weights, a layer stack or one layer as L = 1),
 // layer s32 [] (which of the L to use). Output y [R, N] f32. `sgl_dflash_rows_matmul_blocks` takes
-// the weights as GGUF Q4_1 / Q8_0 blocks instead (`Weights`): ~5x fewer bytes, the same products.
+// the weights as GGUF Q4_1 / Q8_0 blocks instead (`Weights`): ~5x fewer bytes, the same products,
+// each weight vector decoded in registers and used at once by a tile's rows (`decoded_tile`,
+// AVX-512 and AVX2), or for many rows decoded into scratch for the float32 tiles.
 //
 // Every output is the same sum in the same order whatever R, its row or its tile: 16 lanes each
 // accumulate k = lane, lane + 16, ... in order, then lanes fold pairwise (i + 8, + 4, + 2, + 1).
@@ -352,9 +354,11 @@ void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
 #elif defined(SGL_DFLASH_AVX2_HALVES) && !defined(AVX2_SCRATCH)
 // AVX2 (16 registers of 8 floats): GGUF and bfloat16 weights decoded in registers too, where they
 // were decoded into scratch and read back by the float32 tiles (a one-row decode step spent more
-// time in that round trip than in its products). A vector is a quarter of a block: half `part` of
-// the 16-lane sums takes k = b * 32 + 8 * part + [0, 8) (w0) and, 16 further on, w1, in that
-// order, so each lane sums the same products in the same order as `tile` over decoded rows.
+// time in that round trip than in its products: a one-row Q4_1 product now takes 0.33-0.40x the
+// time, 8 rows 0.57-0.69x; docs/performance.md section 62). `-DAVX2_SCRATCH` builds the old path.
+// A vector is a quarter of a block: half `part` of the 16-lane sums takes k = b * 32 + 8 * part +
+// [0, 8) (w0) and, 16 further on, w1, in that order, so each lane sums the same products in the
+// same order as `tile` over decoded rows: the same bits.
 // From 32 rows the float32 tiles over scratch, for K below 1024: at 32-64 rows 0.91-1.14x the time
 // of decoding in registers where K = 576, but 0.64-0.74x the time at K = 1536 (whose 4 x 3 tiles
 // over scratch read 60-67 GFLOP/s); at 24 rows registers were as fast or faster at every K.
@@ -427,6 +431,8 @@ void decoded_tile(const Problem& p, int64_t n, int64_t r0) {
     for (int g = 0; g < G; ++g) yr[r * p.n_dim + n + g] = sums[r * G + g];
 }
 
+// Tiles of 4 rows x 2 outputs (of 3 x 2, 5 x 2, 6 x 2, 3 x 3, 2 x 4, 8 x 1 the fastest or as fast
+// at 4-16 rows), and 1 x 2 for one row (two independent chains of FMAs: 0.82-0.93x the time of 1 x 1).
 #ifndef AVX2_DECODED_TILE  // rows per tile, outputs per tile of 2+ rows, of one row (a build flag for experiments)
 #define AVX2_DECODED_TILE 4, 2, 2
 #endif
