@@ -464,7 +464,7 @@ void decoded_outputs(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 #define SGL_DFLASH_DECODED_TILES 1
-#endif  // __AVX512F__
+#endif  // __AVX512F__, or AVX2 decoded tiles
 
 // Outputs [n0, n1) of every row, in tiles of RB rows x NB outputs.
 template <int RB, int NB>
