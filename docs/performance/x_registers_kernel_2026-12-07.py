@@ -3,7 +3,9 @@
 (XLA:CPU runs independent custom calls concurrently, so a chain of independent calls does not
 time one call), builds interleaved, best of 9, outputs asserted bit-identical across builds.
 `PYTHONPATH=. python docs/performance/x_registers_kernel_2026-12-07.py "before:-DX_FOLDED" "after:"`
-(env ROWS, default "1 8 16"; docs/performance.md section 61)."""
+(env ROWS, default "1 8 16"; docs/performance.md section 61). HEAD=1 adds the Q8_0 lm_head shape
+(49152 x 576), as section 62 ran it on an AVX2 host:
+`HEAD=1 ROWS="1 4 8 16" PYTHONPATH=. python docs/performance/x_registers_kernel_2026-12-07.py "before:-DAVX2_SCRATCH" "after:"`."""
 import collections, os, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
@@ -26,6 +28,12 @@ def q41(n, k):
               jnp.asarray((rng.standard_normal((n, k // 32)) * 0.01).astype(np.float32)))
 
 
+def q80(n, k):
+    return BW(jnp.asarray(rng.integers(0, 256, (n, k), dtype=np.uint8)),
+              jnp.asarray((rng.standard_normal((n, k // 32)) * 0.01).astype(np.float32)),
+              jnp.zeros((n, k // 32), np.float32))
+
+
 def chain(f, rows, n):
     def many(x, w):
         xi = x[0]
@@ -36,10 +44,11 @@ def chain(f, rows, n):
 
 
 for rows in [int(r) for r in os.environ.get("ROWS", "1 8 16").split()]:
-    for kind, n, k in [("q41", 3072, 576), ("q41", 960, 576), ("q41", 576, 1536), ("q41", 576, 576),
-                       ("bf16", 3072, 576), ("bf16", 576, 1536)]:
-        w = q41(n, k) if kind == "q41" else jnp.asarray(rng.standard_normal((n, k)) * 0.05, jnp.bfloat16)
-        names, target, fn = (blocks, "BLOCKS_TARGET", cpu_kernels.rows_matmul_blocks) if kind == "q41" else \
+    shapes = [("q41", 3072, 576), ("q41", 960, 576), ("q41", 576, 1536), ("q41", 576, 576),
+              ("bf16", 3072, 576), ("bf16", 576, 1536)]
+    for kind, n, k in [("q80", 49152, 576)] * (os.environ.get("HEAD") == "1") + shapes:
+        w = {"q41": q41, "q80": q80}[kind](n, k) if kind != "bf16" else jnp.asarray(rng.standard_normal((n, k)) * 0.05, jnp.bfloat16)
+        names, target, fn = (blocks, "BLOCKS_TARGET", cpu_kernels.rows_matmul_blocks) if kind != "bf16" else \
             (bf16, "BF16_TARGET", cpu_kernels.rows_matmul)
         x = jnp.asarray(rng.standard_normal((CALLS, rows, k), np.float32))
         fns = [chain(kv.calling(target, name, fn), rows, n) for name in names]
